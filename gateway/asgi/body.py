@@ -1,0 +1,82 @@
+"""The request body, read once with a size bound and replayed to the app unchanged.
+
+While a request waits for a seat, the same object watches for the client going away:
+whatever it receives meanwhile is kept and replayed too, so the app sees exactly the
+messages the server sent.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from gateway.errors import BadRequest, Disconnected
+from gateway.types import Message, Receive
+
+
+class BodyTooLarge(BadRequest):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the request body is larger than the gateway reads ({limit} bytes); "
+            "send a smaller body, or raise max_body_bytes",
+            status=413,
+        )
+
+
+class RequestBody:
+    """Wraps an ASGI ``receive``: ``read()`` buffers, ``replay`` is the app's ``receive``."""
+
+    __slots__ = ("_buffered", "_complete", "_limit", "_receive", "_seen_bytes", "disconnected")
+
+    def __init__(self, receive: Receive, limit: int) -> None:
+        self._receive = receive
+        self._limit = limit
+        self._buffered: deque[Message] = deque()
+        self._complete = False
+        self._seen_bytes = 0
+        self.disconnected = False
+
+    async def read(self) -> bytes:
+        """The whole body; raises ``BodyTooLarge`` past the bound, ``Disconnected`` if the
+        client leaves first."""
+        chunks = []
+        while not self._complete:
+            message = await self._take()
+            if message["type"] == "http.disconnect":
+                raise Disconnected()
+            if self._seen_bytes > self._limit:
+                raise BodyTooLarge(self._limit)
+            chunks.append(message.get("body", b""))
+        body = b"".join(chunks)
+        self._buffered.clear()
+        self._buffered.append({"type": "http.request", "body": body, "more_body": False})
+        return body
+
+    async def watch_disconnect(self) -> bool:
+        """Returns True once the client is gone; False when it can no longer tell (a body
+        larger than the bound keeps streaming in, and is left for the app to read)."""
+        while True:
+            if self._seen_bytes > self._limit:
+                return False
+            message = await self._take()
+            if message["type"] == "http.disconnect":
+                return True
+
+    async def replay(self) -> Message:
+        if self._buffered:
+            return self._buffered.popleft()
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self.disconnected = True
+        return message
+
+    async def _take(self) -> Message:
+        message = await self._receive()
+        self._buffered.append(message)
+        kind = message["type"]
+        if kind == "http.disconnect":
+            self.disconnected = True
+        elif kind == "http.request":
+            self._seen_bytes += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                self._complete = True
+        return message

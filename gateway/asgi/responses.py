@@ -1,0 +1,61 @@
+"""Answers the gateway gives itself: OpenAI-style JSON errors, never tracebacks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from gateway.errors import BadRequest, Rejected
+from gateway.types import Send
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    503: "server_overloaded",
+}
+
+
+async def send_json_error(
+    send: Send,
+    status: int,
+    message: str,
+    *,
+    code: str | None,
+    param: str | None = None,
+    retry_after_s: float | None = None,
+) -> None:
+    body = json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": _ERROR_TYPES.get(status, "error"),
+                "param": param,
+                "code": code,
+            }
+        }
+    ).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(max(1, math.ceil(retry_after_s))).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_rejection(send: Send, rejected: Rejected) -> None:
+    """503 (service full) or 429 (tenant over its cap), with ``Retry-After``; ``code``
+    names the reason."""
+    await send_json_error(
+        send,
+        rejected.status,
+        str(rejected),
+        code=rejected.reason,
+        retry_after_s=rejected.retry_after_s,
+    )
+
+
+async def send_bad_request(send: Send, error: BadRequest) -> None:
+    await send_json_error(send, error.status, str(error), code=None, param=error.param)

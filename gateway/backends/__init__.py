@@ -1,0 +1,1 @@
+"""Counter backends: where seats are counted and the fair queue lives."""

@@ -1,0 +1,130 @@
+"""The in-process counter backend: the default, for one pod.
+
+Decisions run synchronously on the event loop, so admission and release never suspend;
+a waiter sleeps on its own future until dispatch hands it seats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from gateway.core.admission import Granted, Queued, admit, dispatch
+from gateway.core.fairqueue import FairQueue, Waiter
+from gateway.core.tickets import Ticket
+from gateway.errors import Rejected
+from gateway.protocols import Lease, OverflowPolicy, Pending, Snapshot, TenantState
+from gateway.settings import Settings
+
+_MESSAGES = {
+    "queue_full": "the gateway's queue is full; retry later",
+    "over_capacity": "no seat is free and the overflow policy does not queue; retry later",
+    "no_wait": "no seat is free and background requests do not wait; retry later",
+    "tenant_limit": "this tenant has as many requests in flight as it may; retry later",
+    "evicted": "this request was dropped from the queue to make room; retry later",
+    "queue_timeout": "no seat became free in time; retry later",
+}
+
+
+def rejection(reason: str, settings: Settings) -> Rejected:
+    """The ``Rejected`` error for ``reason``, with the configured ``Retry-After``."""
+    return Rejected(reason, _MESSAGES[reason], retry_after_s=settings.retry_after_s)  # type: ignore[arg-type]
+
+
+class MemoryBackend:
+    """Seats and the fair queue in this process; see ``gateway.protocols.CounterBackend``."""
+
+    def __init__(
+        self, settings: Settings, *, limit: Callable[[], int], policy: OverflowPolicy
+    ) -> None:
+        caps = settings.tenant_max_in_flight
+        per_tenant = {} if caps is None or isinstance(caps, int) else dict(caps)
+        default_cap = caps if isinstance(caps, int) else per_tenant.pop("*", None)
+        self._settings = settings
+        self._limit = limit
+        self._decide = policy.decide
+        self._queue = FairQueue(
+            max_queue=settings.max_queue,
+            weights=settings.tenant_weights,
+            default_weight=settings.default_tenant_weight,
+            tenant_caps=per_tenant,
+            default_cap=default_cap,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+
+    async def stop(self) -> None:
+        for waiter in list(self._queue.waiters()):
+            self._queue.remove(waiter)
+            _fail(waiter, rejection("queue_full", self._settings))
+
+    async def acquire(self, ticket: Ticket) -> Lease | Pending:
+        loop = self._loop or asyncio.get_running_loop()
+        verdict = admit(self._queue, ticket, self._limit(), self._decide, now=loop.time())
+        if isinstance(verdict, Granted):
+            return Lease(ticket)
+        if isinstance(verdict, Queued):
+            # nothing can dispatch between admit() and here: the handle is set in time
+            future: asyncio.Future[Lease] = loop.create_future()
+            verdict.waiter.handle = future
+            if verdict.evicted is not None:
+                _fail(verdict.evicted, rejection("evicted", self._settings))
+            return Pending(ticket, future, verdict.waiter)
+        raise rejection(verdict.reason, self._settings)
+
+    def release(self, lease: Lease) -> None:
+        self._queue.release(lease.ticket)
+        self._dispatch()
+
+    def cancel(self, pending: Pending) -> None:
+        waiter = pending.token
+        assert isinstance(waiter, Waiter)
+        if not self._queue.remove(waiter):
+            # dispatch granted it before the waiter gave up: the seats go to the next one
+            future = pending.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(future.result())
+
+    def limit_changed(self) -> None:
+        self._dispatch()
+
+    def snapshot(self) -> Snapshot:
+        queue = self._queue
+        tenants = {
+            tenant: TenantState(
+                inflight=queue.tenant_inflight(tenant),
+                queued=queue.queued_by_class(tenant),
+                weight=queue.weight(tenant),
+            )
+            for tenant in sorted(queue.tenants())
+        }
+        return Snapshot(
+            limit=self._limit(),
+            inflight=queue.inflight,
+            queued=queue.queued,
+            max_queue=queue.max_queue,
+            tenants=tenants,
+        )
+
+    def _dispatch(self) -> None:
+        handed_back = True
+        while handed_back:
+            handed_back = False
+            for waiter in dispatch(self._queue, self._limit()):
+                future = waiter.handle
+                assert isinstance(future, asyncio.Future)
+                if future.done():
+                    # nobody is left to take these seats: give them back, dispatch again
+                    self._queue.release(waiter.ticket)
+                    handed_back = True
+                    continue
+                future.set_result(Lease(waiter.ticket))
+
+
+def _fail(waiter: Waiter, error: Rejected) -> None:
+    future = waiter.handle
+    assert isinstance(future, asyncio.Future)
+    if not future.done():
+        future.set_exception(error)

@@ -1,0 +1,25 @@
+"""The ``block`` overflow policy: wait for a seat up to the timeout; a full queue rejects
+the newcomer (503 ``queue_full``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gateway.core.admission import OverflowAction, QueueView
+from gateway.core.tickets import Ticket
+from gateway.hookimpl import hookimpl
+from gateway.protocols import Factory
+from gateway.settings import Settings
+
+
+class Block:
+    def __init__(self, settings: Settings) -> None:
+        pass
+
+    def decide(self, view: QueueView, ticket: Ticket) -> OverflowAction:
+        return "queue"
+
+
+@hookimpl(trylast=True)
+def obleth_overflow_policies() -> Mapping[str, Factory]:
+    return {"block": Block}

@@ -1,0 +1,96 @@
+"""The effective limit: the minimum of every selected capacity provider.
+
+This is the one place that defines capacity; the scheduler, status and metrics all read
+it here. It is read on every admission decision, so a provider's new value counts at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from gateway.protocols import CapacityProvider
+
+log = logging.getLogger("obleth.capacity")
+
+
+class ProviderFailed(ValueError):
+    """A provider could not give its first value; ``provider`` is its name."""
+
+    def __init__(self, provider: str, problem: str) -> None:
+        self.provider = provider
+        super().__init__(f"capacity provider {provider!r}: {problem}")
+
+
+class Capacity:
+    """Combines providers by minimum and shields the request path from faulty ones.
+
+    A provider that raises or answers something other than a whole number ≥ 0 is logged
+    by name (at most once a minute) and its last good answer is used instead.
+    """
+
+    def __init__(self, providers: Sequence[tuple[str, CapacityProvider]]) -> None:
+        if not providers:
+            raise ValueError("Capacity needs at least one provider")
+        self._providers = list(providers)
+        self._last_good = [0 for _ in providers]
+        self._last_complaint = [float("-inf") for _ in providers]
+        self._subscribers: list[Callable[[], None]] = []
+        for index, (_, provider) in enumerate(self._providers):
+            self._last_good[index] = self._read(index, provider, initial=True)
+            subscribe = getattr(provider, "subscribe", None)
+            if callable(subscribe):
+                subscribe(self._changed)
+
+    @property
+    def providers(self) -> dict[str, CapacityProvider]:
+        return dict(self._providers)
+
+    def current(self) -> int:
+        """The limit now."""
+        providers = self._providers
+        if len(providers) == 1:
+            return self._read(0, providers[0][1])
+        return min(self._read(i, provider) for i, (_, provider) in enumerate(providers))
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` whenever a provider says its value changed."""
+        self._subscribers.append(callback)
+
+    def _changed(self) -> None:
+        for callback in self._subscribers:
+            callback()
+
+    def _read(self, index: int, provider: CapacityProvider, *, initial: bool = False) -> int:
+        try:
+            value = provider.max_in_flight()
+        except Exception as exc:
+            if initial:
+                name = self._providers[index][0]
+                raise ProviderFailed(name, f"max_in_flight() raised {exc!r}") from exc
+            self._complain(index, None)
+            return self._last_good[index]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if initial:
+                name = self._providers[index][0]
+                raise ProviderFailed(name, f"max_in_flight() returned {value!r}, not an int >= 0")
+            self._complain(index, value)
+            return self._last_good[index]
+        self._last_good[index] = value
+        return value
+
+    def _complain(self, index: int, value: object) -> None:
+        now = time.monotonic()
+        if now - self._last_complaint[index] < 60.0:
+            return
+        self._last_complaint[index] = now
+        name = self._providers[index][0]
+        if value is None:
+            log.exception("capacity provider %r raised; keeping its last value", name)
+        else:
+            log.error(
+                "capacity provider %r returned %r, not an int >= 0; keeping its last value",
+                name,
+                value,
+            )

@@ -1,0 +1,55 @@
+"""``obleth demo``: the main job on embedded defaults, no Redis needed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from gateway.demo.run import DemoOptions, run_demo
+from gateway.demo.tenants import parse_tenants
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "demo",
+        help="run a gateway in front of a simulated backend under multi-tenant load",
+        description="Start the simulated inference backend with the Obleth middleware in "
+        "front of it on 127.0.0.1, drive a multi-tenant load (one tenant flooding, some "
+        "critical and some background requests), show a live table, and end with each "
+        "tenant's share of seats against its weighted fair share and the highest "
+        "concurrency the backend itself saw. Finishes by itself.",
+    )
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of load (20)")
+    parser.add_argument("--limit", type=int, default=16, help="global_max_in_flight (16)")
+    parser.add_argument(
+        "--policy", default="block", help="overflow policy: block, drop-newest, drop-oldest"
+    )
+    parser.add_argument(
+        "--tenants",
+        default="gold:4,silver:2,bronze:1",
+        help="name:weight list (gold:4,silver:2,bronze:1)",
+    )
+    parser.add_argument("--flood", default=None, help="the tenant that floods (the last one)")
+    parser.add_argument(
+        "--queue-timeout", type=float, default=5.0, help="queue_timeout_s in seconds (5)"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.duration <= 0 or args.duration > 3600:
+        parser_error = "--duration: expected seconds between 0 and 3600"
+        raise SystemExit(f"obleth demo: {parser_error}")
+    if args.limit < 1:
+        raise SystemExit("obleth demo: --limit: expected a whole number of at least 1")
+    names = [part.split(":")[0].strip() for part in args.tenants.split(",") if part.strip()]
+    flood = args.flood if args.flood is not None else (names[-1] if names else None)
+    tenants = parse_tenants(args.tenants, limit=args.limit, flood=flood)
+    options = DemoOptions(
+        duration_s=args.duration,
+        limit=args.limit,
+        policy=args.policy,
+        tenants=tenants,
+        queue_timeout_s=args.queue_timeout,
+    )
+    return asyncio.run(run_demo(options))

@@ -1,0 +1,123 @@
+"""`obleth mock-backend`: serve the simulated inference backend (gateway.sim) with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from gateway.errors import ConfigError
+from gateway.sim import SimConfig, create_app
+
+
+@dataclass(frozen=True, slots=True)
+class _Knob:
+    """One command-line flag standing for one SimConfig field."""
+
+    field: str
+    flag: str
+    type: type[int] | type[float] | type[str]
+    help: str
+    scale: float = 1.0
+    """Multiplier from the flag's unit to the field's (milliseconds to seconds: 0.001)."""
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+_MS = 0.001
+_DEFAULTS = SimConfig()
+_KNOBS = (
+    _Knob("model", "--model", str, "model name served and used as the model_name label"),
+    _Knob("max_num_seqs", "--max-num-seqs", int, "continuous-batching slots (sequences)"),
+    _Knob("block_size_tokens", "--block-size-tokens", int, "tokens per KV-cache block"),
+    _Knob("chars_per_token", "--chars-per-token", int, "prompt characters per token"),
+    _Knob("prefix_cache_blocks", "--prefix-cache-blocks", int, "prefix cache capacity, 0 disables"),
+    _Knob("kv_cache_blocks", "--kv-cache-blocks", int, "KV cache size for the usage gauge"),
+    _Knob(
+        "prefill_s_per_token",
+        "--prefill-ms-per-token",
+        float,
+        "milliseconds of prefill per prompt token missing the prefix cache",
+        _MS,
+    ),
+    _Knob("step_s", "--step-ms", float, "milliseconds of the base decode step", _MS),
+    _Knob(
+        "step_s_per_seq",
+        "--step-ms-per-seq",
+        float,
+        "milliseconds added to a step per running sequence",
+        _MS,
+    ),
+    _Knob(
+        "default_max_tokens",
+        "--default-max-tokens",
+        int,
+        "completion tokens when a request sets no max_tokens",
+    ),
+)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `mock-backend` command."""
+    parser = sub.add_parser(
+        "mock-backend",
+        help="serve a simulated OpenAI-compatible inference backend",
+        description=(
+            "Serve a simulated vLLM-like backend: continuous batching, a prefix cache, "
+            "OpenAI completions and chat endpoints, vLLM metrics. See docs/sim.md."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    parser.add_argument("--port", type=int, default=8001, help="TCP port to listen on")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn log level",
+    )
+    parser.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="log every request",
+    )
+    for knob in _KNOBS:
+        default = getattr(_DEFAULTS, knob.field)
+        if knob.scale != 1.0:
+            # Show 0.2 rather than 0.19999999999999998.
+            default = round(default / knob.scale, 9)
+        parser.add_argument(knob.flag, type=knob.type, default=default, help=knob.help)
+    parser.set_defaults(run=run)
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """The SimConfig the flags describe; a bad value raises ConfigError naming its flag."""
+    values: dict[str, Any] = {}
+    for knob in _KNOBS:
+        value = getattr(args, knob.dest)
+        values[knob.field] = value * knob.scale if knob.scale != 1.0 else value
+    try:
+        return SimConfig(**values)
+    except ConfigError as exc:
+        knob = next(k for k in _KNOBS if k.field == exc.setting)
+        expected = exc.expected.replace("number of seconds", "number")
+        raise ConfigError(knob.flag, getattr(args, knob.dest), expected) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve the simulator until interrupted; returns the exit code."""
+    app = create_app(config_from_args(args))
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        lifespan="on",
+    )
+    return 0

@@ -1,0 +1,98 @@
+"""The verdict for one arriving request: grant, queue (maybe evicting someone), or refuse.
+
+The overflow policy is consulted only when the request can neither be granted at once
+nor refused by a rule that no policy may override (a tenant over its cap, a ``background``
+request that may not wait). The queue bound is an invariant, not a policy choice: a policy
+that answers "queue" when the queue is full gets ``queue_full``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from gateway.core.fairqueue import FairQueue, Waiter
+from gateway.core.tickets import NO_WAIT_RANK, Ticket
+from gateway.errors import RejectReason
+
+#: What an overflow policy may answer when no seat is free.
+OverflowAction = Literal["queue", "reject", "evict"]
+
+
+class QueueView(Protocol):
+    """What an overflow policy may look at; read-only by contract."""
+
+    @property
+    def inflight(self) -> int: ...
+    @property
+    def queued(self) -> int: ...
+    @property
+    def max_queue(self) -> int: ...
+    @property
+    def queue_full(self) -> bool: ...
+    def tenant_inflight(self, tenant: str) -> int: ...
+    def tenant_queued(self, tenant: str) -> int: ...
+    def weight(self, tenant: str) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """Seats counted as in flight; the request runs now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """The request waits; ``evicted`` was taken out of the queue to make room."""
+
+    waiter: Waiter
+    evicted: Waiter | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    reason: RejectReason
+
+
+Verdict = Granted | Queued | Refused
+
+_GRANTED = Granted()
+
+
+def admit(
+    queue: FairQueue,
+    ticket: Ticket,
+    limit: int,
+    decide: Callable[[QueueView, Ticket], OverflowAction],
+    *,
+    now: float,
+    handle: object = None,
+) -> Verdict:
+    """Decide for ``ticket`` against ``limit`` and apply the decision to ``queue``."""
+    if queue.over_cap(ticket):
+        return Refused("tenant_limit")
+    if queue.can_grant_now(ticket, limit):
+        queue.take(ticket)
+        return _GRANTED
+    if ticket.rank >= NO_WAIT_RANK:
+        return Refused("no_wait")
+    action = decide(queue, ticket)
+    if action == "reject":
+        return Refused("queue_full" if queue.queue_full else "over_capacity")
+    evicted = None
+    if queue.queue_full:
+        if action != "evict":
+            return Refused("queue_full")
+        evicted = queue.eviction_victim(ticket.rank)
+        if evicted is None:
+            return Refused("queue_full")
+        queue.remove(evicted)
+    return Queued(queue.enqueue(ticket, now, handle), evicted)
+
+
+def dispatch(queue: FairQueue, limit: int) -> list[Waiter]:
+    """Grant waiters, most deserving first, while their seats fit under ``limit``."""
+    granted = []
+    while (waiter := queue.pop_grantable(limit)) is not None:
+        granted.append(waiter)
+    return granted

@@ -1,0 +1,36 @@
+"""Weighted max-min fair shares: what each tenant should hold when seats are scarce."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+def fair_shares(
+    capacity: float, demands: Mapping[str, float], weights: Mapping[str, float]
+) -> dict[str, float]:
+    """Split ``capacity`` by weighted max-min fairness (water filling).
+
+    A tenant never gets more than it demands; what a light tenant leaves is shared by the
+    others in proportion to their weights. Tenants missing from ``weights`` weigh 1.
+    The result sums to ``min(capacity, sum(demands))``.
+    """
+    shares = {tenant: 0.0 for tenant in demands}
+    active = {tenant for tenant, demand in demands.items() if demand > 0}
+    left = float(capacity)
+    while active and left > 1e-12:
+        total_weight = sum(weights.get(tenant, 1.0) for tenant in active)
+        unit = left / total_weight
+        satisfied = {
+            tenant
+            for tenant in active
+            if demands[tenant] - shares[tenant] <= unit * weights.get(tenant, 1.0)
+        }
+        if not satisfied:
+            for tenant in active:
+                shares[tenant] += unit * weights.get(tenant, 1.0)
+            break
+        for tenant in satisfied:
+            left -= demands[tenant] - shares[tenant]
+            shares[tenant] = float(demands[tenant])
+        active -= satisfied
+    return shares

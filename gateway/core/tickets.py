@@ -1,0 +1,30 @@
+"""What the gate knows about a request: who sends it, how urgent it is, how many seats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal, get_args
+
+Priority = Literal["critical", "standard", "background"]
+
+#: Priority classes from most to least urgent; a class is served strictly before the next.
+PRIORITIES: Final[tuple[Priority, ...]] = get_args(Priority)
+
+#: Rank of each class: lower ranks are served first.
+PRIORITY_RANK: Final[dict[str, int]] = {name: rank for rank, name in enumerate(PRIORITIES)}
+
+#: The class that never waits: admitted at once or rejected with ``no_wait``.
+NO_WAIT_RANK: Final[int] = PRIORITY_RANK["background"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """One request asking for seats; immutable once classified."""
+
+    tenant: str
+    priority: Priority = "standard"
+    seats: int = 1
+
+    @property
+    def rank(self) -> int:
+        return PRIORITY_RANK[self.priority]

@@ -1,0 +1,64 @@
+"""Parsing of ``name:weight`` lists: ``gold:4,free:1``, ``prefix-affinity:5,queue-depth:1``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+
+class WeightSyntaxError(ValueError):
+    """The text is not a list of ``name:weight`` pairs; the message says which part."""
+
+
+def parse_weights(text: str, *, allow_bare: bool = False) -> dict[str, float]:
+    """Parse ``"a:4,b:1"`` into ``{"a": 4.0, "b": 1.0}``.
+
+    Names are kept as written (whitespace around them is dropped). Every weight must be a
+    finite number greater than zero; a name may appear once. With ``allow_bare`` a name
+    without ``:weight`` counts as weight 1. An empty text gives an empty mapping.
+    """
+    result: dict[str, float] = {}
+    for raw in text.split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        name, sep, weight_text = part.partition(":")
+        name = name.strip()
+        if not name:
+            raise WeightSyntaxError(f"{part!r} has no name before ':'")
+        if not sep:
+            if not allow_bare:
+                raise WeightSyntaxError(f"{part!r} has no ':weight' (write {name}:1)")
+            weight_text = "1"
+        result_weight = _parse_weight(name, weight_text.strip())
+        if name in result:
+            raise WeightSyntaxError(f"{name!r} is given twice")
+        result[name] = result_weight
+    return result
+
+
+def check_weights(weights: Mapping[str, object]) -> dict[str, float]:
+    """Validate an already-structured mapping the same way :func:`parse_weights` does."""
+    result: dict[str, float] = {}
+    for name, weight in weights.items():
+        if not isinstance(name, str) or not name.strip():
+            raise WeightSyntaxError(f"{name!r} is not a name")
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise WeightSyntaxError(f"{name}: weight {weight!r} is not a number")
+        result[name] = _parse_weight(name, repr(weight))
+    return result
+
+
+def format_weights(weights: Iterable[tuple[str, float]]) -> str:
+    """The inverse of :func:`parse_weights`, for messages and listings."""
+    return ",".join(f"{name}:{weight:g}" for name, weight in weights)
+
+
+def _parse_weight(name: str, text: str) -> float:
+    try:
+        weight = float(text)
+    except ValueError:
+        raise WeightSyntaxError(f"{name}: weight {text!r} is not a number") from None
+    if not math.isfinite(weight) or weight <= 0:
+        raise WeightSyntaxError(f"{name}: weight {text!r} must be finite and greater than 0")
+    return weight

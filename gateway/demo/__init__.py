@@ -1,0 +1,1 @@
+"""``obleth demo``: a gateway in front of the simulated backend under multi-tenant load."""

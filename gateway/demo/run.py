@@ -1,0 +1,133 @@
+"""Runs the demo: the simulated backend behind the middleware on loopback, tenants' clients
+against it, a live table while it runs, and a summary at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+import httpx
+
+from gateway.asgi import GatewayMiddleware
+from gateway.core.fairshare import fair_shares
+from gateway.demo.load import Tally, WaitRecorder, run_client
+from gateway.demo.table import live_table, summary
+from gateway.demo.tenants import TenantLoad
+from gateway.loopback import serve_in_task
+from gateway.settings import Settings
+from gateway.sim import SimConfig, create_app
+
+SAMPLE_EVERY_S = 0.05
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    duration_s: float
+    limit: int
+    policy: str
+    tenants: Sequence[TenantLoad]
+    queue_timeout_s: float
+    refresh_s: float = 0.5
+
+
+async def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
+    """Run the demo; 0 when the backend never saw more than the limit and every permit
+    was released once, 1 otherwise."""
+    settings = Settings(
+        global_max_in_flight=options.limit,
+        overflow_policy=options.policy,
+        queue_timeout_s=options.queue_timeout_s,
+        tenant_header="x-tenant",
+        tenant_weights={t.name: t.weight for t in options.tenants},
+        trust_priority_header=True,
+    )
+    recorder = WaitRecorder()
+    # the backend has more batch slots than the limit, so the gateway is what holds it back
+    backend = create_app(SimConfig(max_num_seqs=options.limit * 2))
+    app = GatewayMiddleware(backend, settings, plugins=[recorder])
+    gateway = app.gateway
+    stats = backend.state.stats
+    tallies = {t.name: Tally() for t in options.tenants}
+    live = out.isatty()
+    loop = asyncio.get_running_loop()
+
+    async with serve_in_task(app) as server:
+        clients = sum(t.clients for t in options.tenants)
+        limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+        async with httpx.AsyncClient(
+            base_url=server.url, limits=limits, timeout=60.0, trust_env=False
+        ) as http:
+            started = loop.time()
+            deadline = started + options.duration_s
+            tasks = [
+                asyncio.create_task(
+                    run_client(
+                        http,
+                        tenant,
+                        tallies[tenant.name],
+                        seed=index * 1000 + n,
+                        deadline=deadline,
+                        model=backend.state.config.model,
+                    )
+                )
+                for index, tenant in enumerate(options.tenants)
+                for n in range(tenant.clients)
+            ]
+            next_draw = started
+            while loop.time() < deadline:
+                await asyncio.sleep(SAMPLE_EVERY_S)
+                snapshot = gateway.snapshot()
+                for name, state in snapshot.tenants.items():
+                    if name in tallies:
+                        tallies[name].seat_seconds += state.inflight * SAMPLE_EVERY_S
+                if loop.time() >= next_draw:
+                    next_draw += options.refresh_s if live else 5.0
+                    for name, tally in tallies.items():
+                        tally.waits = recorder.waits[name]
+                    table = live_table(
+                        loop.time() - started,
+                        options.duration_s,
+                        options.tenants,
+                        tallies,
+                        snapshot,
+                        stats.concurrency,
+                        stats.max_concurrency,
+                    )
+                    out.write(("\x1b[H\x1b[J" if live else "\n") + table + "\n")
+                    out.flush()
+            # clients stop starting requests at the deadline; give the last ones a moment
+            _, late = await asyncio.wait(tasks, timeout=2.0)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        for _ in range(100):  # cancelled clients' seats come back as the server sees them go
+            if gateway.snapshot().inflight == 0:
+                break
+            await asyncio.sleep(0.02)
+
+    for name, tally in tallies.items():
+        tally.waits = recorder.waits[name]
+    demands = {t.name: float(t.clients) for t in options.tenants}
+    weights = {t.name: t.weight for t in options.tenants}
+    fair = {
+        name: share / options.limit
+        for name, share in fair_shares(options.limit, demands, weights).items()
+    }
+    scheduler = gateway.scheduler
+    out.write(
+        summary(
+            options.tenants,
+            tallies,
+            fair,
+            options.limit,
+            stats.max_concurrency,
+            scheduler.admitted,
+            scheduler.released,
+        )
+        + "\n"
+    )
+    healthy = stats.max_concurrency <= options.limit and scheduler.admitted == scheduler.released
+    return 0 if healthy else 1

@@ -1,0 +1,87 @@
+"""The demo's live table and final summary, as plain text."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+from gateway.demo.load import Tally
+from gateway.demo.tenants import TenantLoad
+from gateway.protocols import Snapshot
+
+REASONS = ("queue_full", "queue_timeout", "evicted", "no_wait", "tenant_limit", "over_capacity")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def live_table(
+    elapsed_s: float,
+    duration_s: float,
+    tenants: Sequence[TenantLoad],
+    tallies: Mapping[str, Tally],
+    snapshot: Snapshot,
+    backend_now: int,
+    backend_max: int,
+) -> str:
+    lines = [
+        f"obleth demo  {elapsed_s:5.1f}/{duration_s:.0f} s   limit {snapshot.limit}   "
+        f"in flight {snapshot.inflight}   queued {snapshot.queued}   "
+        f"backend now {backend_now}, max {backend_max}",
+        "",
+        f"{'tenant':<10}{'weight':>7}{'clients':>8}{'running':>8}{'waiting':>8}{'done':>7}"
+        f"{'wait p50':>10}{'wait p99':>10}  rejected",
+    ]
+    for tenant in tenants:
+        tally = tallies[tenant.name]
+        state = snapshot.tenants.get(tenant.name)
+        running = state.inflight if state else 0
+        waiting = sum(state.queued.values()) if state else 0
+        rejected = ", ".join(f"{r} {tally.rejected[r]}" for r in REASONS if tally.rejected[r])
+        lines.append(
+            f"{tenant.name:<10}{tenant.weight:>7g}{tenant.clients:>8}{running:>8}{waiting:>8}"
+            f"{tally.completed:>7}{_ms(percentile(tally.waits, 50)):>10}"
+            f"{_ms(percentile(tally.waits, 99)):>10}  {rejected or '-'}"
+        )
+    return "\n".join(lines)
+
+
+def summary(
+    tenants: Sequence[TenantLoad],
+    tallies: Mapping[str, Tally],
+    fair: Mapping[str, float],
+    limit: int,
+    backend_max: int,
+    admitted: int,
+    released: int,
+) -> str:
+    total_seat_s = sum(t.seat_seconds for t in tallies.values()) or 1.0
+    lines = [
+        "",
+        "Share of seats held over the run, against the weighted max-min fair share:",
+        f"{'tenant':<10}{'weight':>7}{'held':>8}{'fair':>8}{'done':>7}{'rejected':>10}",
+    ]
+    for tenant in tenants:
+        tally = tallies[tenant.name]
+        lines.append(
+            f"{tenant.name:<10}{tenant.weight:>7g}"
+            f"{tally.seat_seconds / total_seat_s:>8.1%}{fair[tenant.name]:>8.1%}"
+            f"{tally.completed:>7}{sum(tally.rejected.values()):>10}"
+        )
+    verdict = "never above the limit" if backend_max <= limit else "ABOVE THE LIMIT"
+    lines += [
+        "",
+        f"Highest concurrency the backend itself saw: {backend_max} (limit {limit}): {verdict}.",
+        f"Permits: {admitted} admitted, {released} released"
+        + (" (every one released once)." if admitted == released else " (MISMATCH)."),
+    ]
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"

@@ -1,0 +1,75 @@
+"""Obleth's exceptions, one hierarchy.
+
+::
+
+    OblethError                    anything Obleth raises on purpose
+    ├── ConfigError                a setting is wrong: stops startup, names the setting
+    ├── PluginError                a plugin failed to load or returned garbage: names it
+    ├── BadRequest                 a request Obleth cannot classify: answered 400
+    ├── Disconnected               the client went away while its request waited
+    └── Rejected                   a request was not admitted; carries the HTTP answer
+
+Every message says what happened, which setting, input or plugin caused it, and what
+to do about it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+RejectReason = Literal[
+    "queue_full", "queue_timeout", "evicted", "no_wait", "tenant_limit", "over_capacity"
+]
+
+
+class OblethError(Exception):
+    """Base class of every error Obleth raises on purpose."""
+
+
+class ConfigError(OblethError, ValueError):
+    """A setting has a value Obleth cannot use; raised at startup, never per request."""
+
+    def __init__(self, setting: str, value: object, expected: str) -> None:
+        self.setting = setting
+        self.value = value
+        self.expected = expected
+        super().__init__(f"{setting}={value!r}: {expected}")
+
+
+class PluginError(OblethError):
+    """A plugin could not be loaded, or gave Obleth something it cannot use."""
+
+    def __init__(self, plugin: str, problem: str, *, distribution: str | None = None) -> None:
+        self.plugin = plugin
+        self.distribution = distribution
+        origin = f"plugin {plugin!r}"
+        if distribution:
+            origin += f" (from distribution {distribution})"
+        super().__init__(f"{origin}: {problem}")
+
+
+class BadRequest(OblethError):
+    """A request Obleth cannot classify (a bad priority header, a body over the bound)."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400) -> None:
+        self.param = param
+        self.status = status
+        super().__init__(message)
+
+
+class Disconnected(OblethError):
+    """The client went away while its request waited; nobody is left to answer."""
+
+
+class Rejected(OblethError):
+    """The gateway did not admit a request; the middleware turns this into a 503 or 429."""
+
+    def __init__(self, reason: RejectReason, message: str, *, retry_after_s: float = 1.0) -> None:
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+    @property
+    def status(self) -> int:
+        """429 when the tenant is over its own cap, 503 when the service is full."""
+        return 429 if self.reason == "tenant_limit" else 503

@@ -1,0 +1,110 @@
+"""``Gateway``: settings, plugins, capacity, policy, counter backend and scheduler, assembled.
+
+Assembly happens in the constructor, so a bad setting or a broken plugin stops the
+application at startup with a message that names it, before any request arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+from typing import Any, cast
+
+from gateway.backends.memory import MemoryBackend
+from gateway.capacity import Capacity, ProviderFailed
+from gateway.errors import PluginError
+from gateway.plugins import Plugins
+from gateway.protocols import CapacityProvider, CounterBackend, OverflowPolicy, Snapshot
+from gateway.scheduler import Scheduler
+from gateway.settings import Settings
+
+
+class Gateway:
+    """One gate with everything it needs; shared by the ASGI middleware and the CLI.
+
+    ``plugins`` are extra plugin objects (modules or instances with ``@hookimpl``
+    functions) registered next to the built-ins, for applications and tests that do not
+    package theirs.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        plugins: Iterable[object] = (),
+        entry_points: bool = True,
+    ) -> None:
+        self.settings = settings if settings is not None else Settings.from_env()
+        self.plugins = Plugins(self.settings, extra=plugins, entry_points=entry_points)
+        self.providers: dict[str, CapacityProvider] = {
+            name: self.plugins.build("capacity provider", name)
+            for name in self.settings.capacity_providers
+        }
+        try:
+            self.capacity = Capacity(list(self.providers.items()))
+        except ProviderFailed as exc:
+            plugin = self.plugins.plugin_of("capacity provider", exc.provider)
+            raise PluginError(plugin, str(exc)) from exc
+        self.policy: OverflowPolicy = self.plugins.build(
+            "overflow policy", self.settings.overflow_policy
+        )
+        self.backend: CounterBackend = MemoryBackend(
+            self.settings, limit=self.capacity.current, policy=self.policy
+        )
+        self.capacity.subscribe(self.backend.limit_changed)
+        self.scheduler = Scheduler(self.backend, self.settings)
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+
+    async def start(self) -> None:
+        """Start providers and the backend; safe to call more than once."""
+        if self._started:
+            return
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._started:
+                return
+            await self.backend.start()
+            for name, provider in self.providers.items():
+                start = getattr(provider, "start", None)
+                if start is not None:
+                    try:
+                        await start()
+                    except Exception as exc:
+                        plugin = self.plugins.plugin_of("capacity provider", name)
+                        raise PluginError(
+                            plugin, f"capacity provider {name!r} failed to start: {exc}"
+                        ) from exc
+            self._started = True
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    async def stop(self) -> None:
+        """Stop providers and the backend; waiters still queued are answered 503."""
+        if not self._started:
+            return
+        self._started = False
+        for provider in self.providers.values():
+            stop = getattr(provider, "stop", None)
+            if stop is not None:
+                with contextlib.suppress(Exception):
+                    await stop()
+        await self.backend.stop()
+
+    def set_capacity(self, limit: int) -> None:
+        """Change the ``static`` provider's limit now (raising it admits waiters at once)."""
+        static = self.providers.get("static")
+        setter = getattr(static, "set_max_in_flight", None)
+        if setter is None:
+            raise RuntimeError(
+                "set_capacity needs the 'static' capacity provider; "
+                f"this gateway uses {', '.join(self.providers)}"
+            )
+        cast(Any, setter)(limit)
+
+    def snapshot(self) -> Snapshot:
+        return self.backend.snapshot()

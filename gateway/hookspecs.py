@@ -1,0 +1,108 @@
+"""Every ``obleth_*`` hook. These docstrings are the plugin author's manual.
+
+A plugin is a module (or object) with functions marked ``@hookimpl``
+(``from gateway import hookimpl``), installed from its own distribution with an entry
+point in the ``obleth`` group::
+
+    [project.entry-points.obleth]
+    my-capacity = "my_package.plugin"
+
+Hooks are synchronous. Collector hooks run once, when a gateway starts; the others run on
+the request path and must not do I/O. An exception raised by a hook is reported with the
+plugin's name: at startup it stops the gateway, on the request path it is logged and the
+request goes on as if the plugin had answered nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from gateway.protocols import Classification, Factory, RequestInfo
+    from gateway.settings import Settings
+    from gateway.types import Scope
+
+hookspec = pluggy.HookspecMarker("obleth")
+
+
+@hookspec
+def obleth_capacity_providers() -> Mapping[str, Factory]:
+    """Offer capacity providers, as ``{name: factory}``.
+
+    Called once per gateway at startup. Names are what users write in
+    ``capacity_providers`` (kebab-case, unique across all installed plugins). Each factory
+    is called with the gateway's ``Settings`` only if the user selected its name, and
+    returns an object with ``max_in_flight() -> int`` (see
+    ``gateway.protocols.CapacityProvider``). Providers selected together combine by
+    minimum.
+    """
+
+
+@hookspec
+def obleth_overflow_policies() -> Mapping[str, Factory]:
+    """Offer overflow policies, as ``{name: factory}``.
+
+    Called once per gateway at startup. The user selects one by name with
+    ``overflow_policy``. The factory is called with ``Settings`` and returns an object with
+    ``decide(view, ticket) -> "queue" | "reject" | "evict"`` (see
+    ``gateway.protocols.OverflowPolicy``).
+    """
+
+
+@hookspec
+def obleth_routing_scorers() -> Mapping[str, Factory]:
+    """Offer routing scorers, as ``{name: factory}``.
+
+    Called once per gateway at startup. The factory is called with ``Settings`` and returns
+    an object with ``score(request, upstreams) -> {upstream: float in [0, 1]}`` (see
+    ``gateway.protocols.RoutingScorer``).
+    """
+
+
+@hookspec(firstresult=True)
+def obleth_classify_request(
+    scope: Scope, headers: Mapping[str, str], body: bytes | None, settings: Settings
+) -> Classification | None:
+    """Say who sent a request and how urgent it is.
+
+    Called for every admission-controlled request, before admission; no I/O. ``headers``
+    has lower-case names; ``body`` is the request body when it was read (JSON requests up
+    to ``max_body_bytes``), else None; ``settings`` are the gateway's. Take only the
+    arguments you need. Return a ``Classification`` or None to let the next
+    plugin decide; the first answer wins and the built-in classifier answers last. Never
+    put a raw API key in ``tenant``: it becomes a key and a metric label. Raise
+    ``gateway.errors.BadRequest`` to answer 400 with your message.
+    """
+
+
+@hookspec
+def obleth_request_admitted(request: RequestInfo, wait_s: float) -> None:
+    """Observe a request that got its seats after waiting ``wait_s`` seconds (0 if none).
+
+    Called on the request path; no I/O (hand work to your own queue or thread).
+    """
+
+
+@hookspec
+def obleth_request_rejected(request: RequestInfo, reason: str) -> None:
+    """Observe a request answered 503/429 with ``reason`` (``queue_full``,
+    ``queue_timeout``, ``evicted``, ``no_wait``, ``tenant_limit``, ``over_capacity``).
+
+    Called on the request path; no I/O.
+    """
+
+
+@hookspec
+def obleth_request_finished(request: RequestInfo, duration_s: float, outcome: str) -> None:
+    """Observe the end of an admitted request, after its seats were given back.
+
+    ``outcome`` is ``completed``, ``error`` (the app raised) or ``cancelled`` (the client
+    went away or the task was cancelled). ``duration_s`` runs from admission to release.
+    Called on the request path; no I/O.
+    """
+
+
+HOOK_NAMES: Sequence[str] = tuple(sorted(name for name in dir() if name.startswith("obleth_")))

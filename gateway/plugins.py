@@ -1,0 +1,370 @@
+"""The plugin facade: the only code that touches ``pm.hook``.
+
+One ``Plugins`` per gateway (no module globals). Built-ins are registered through the
+same door as third-party plugins, then entry points of the ``obleth`` group are loaded one
+at a time, so a broken one is named with its distribution instead of stopping the scan.
+At startup the facade collects what plugins offer, checks it, reports collisions naming
+both plugins, and hands the request path plain typed callables.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Final, Literal, cast
+
+import pluggy
+
+from gateway import hookspecs
+from gateway.builtin import DEFAULT_PLUGINS
+from gateway.errors import BadRequest, ConfigError, PluginError
+from gateway.protocols import (
+    CapacityProvider,
+    Classification,
+    Factory,
+    OverflowPolicy,
+    RequestInfo,
+    RoutingScorer,
+)
+from gateway.settings import Settings
+from gateway.types import Scope
+
+log = logging.getLogger("obleth.plugins")
+
+ENTRY_POINT_GROUP: Final = "obleth"
+_NAME = re.compile(r"^[a-z0-9]+(?:[-.][a-z0-9]+)*$")
+
+Kind = Literal["capacity provider", "overflow policy", "routing scorer"]
+_COLLECTORS: Final[dict[Kind, str]] = {
+    "capacity provider": "obleth_capacity_providers",
+    "overflow policy": "obleth_overflow_policies",
+    "routing scorer": "obleth_routing_scorers",
+}
+_ROLES: Final[dict[Kind, type]] = {
+    "capacity provider": CapacityProvider,
+    "overflow policy": OverflowPolicy,
+    "routing scorer": RoutingScorer,
+}
+_SETTING_OF: Final[dict[Kind, str]] = {
+    "capacity provider": "capacity_providers",
+    "overflow policy": "overflow_policy",
+    "routing scorer": "routing_scorers",
+}
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """One registered plugin, for ``obleth plugins`` and error messages."""
+
+    name: str
+    distribution: str
+    version: str
+    provides: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Impl:
+    """One plugin's implementation of a hook, called with just the arguments it declares."""
+
+    plugin: str
+    function: Callable[..., Any]
+    argnames: tuple[str, ...]
+
+    def __call__(self, arguments: Mapping[str, Any]) -> Any:
+        return self.function(*[arguments[name] for name in self.argnames])
+
+
+@dataclass(frozen=True)
+class _Offer:
+    factory: Factory
+    plugin: str
+
+
+class Plugins:
+    """Loads, checks and fronts every plugin of one gateway.
+
+    ``extra`` plugin objects (modules or instances with ``@hookimpl`` functions) are
+    registered after the built-ins and before entry points: the way an application or a
+    test adds a plugin without packaging it.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        extra: Iterable[object] = (),
+        entry_points: bool = True,
+    ) -> None:
+        self.settings = settings
+        self._pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+        self._pm.add_hookspecs(hookspecs)
+        for name in settings.disable_plugins:
+            self._pm.set_blocked(name)
+        self._origin: dict[str, tuple[str, str]] = {}
+        for module_name in DEFAULT_PLUGINS:
+            module = importlib.import_module(module_name)
+            self._register(module, _builtin_name(module), ("obleth", _own_version()))
+        for index, plugin in enumerate(extra):
+            name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{index}"
+            self._register(plugin, name, ("(registered by the application)", ""))
+        if entry_points:
+            self._load_entry_points()
+        self._check_hook_names()
+        self._offers: dict[Kind, dict[str, _Offer]] = {
+            kind: self._collect(kind) for kind in _COLLECTORS
+        }
+        self._classifiers = self._impls("obleth_classify_request")
+        self._on_admitted = self._impls("obleth_request_admitted")
+        self._on_rejected = self._impls("obleth_request_rejected")
+        self._on_finished = self._impls("obleth_request_finished")
+        self._last_complaint: dict[str, float] = {}
+
+    # -- startup ----------------------------------------------------------------------------
+
+    def _register(self, plugin: object, name: str, origin: tuple[str, str]) -> None:
+        if self._pm.is_blocked(name):
+            return
+        existing = self._pm.get_plugin(name)
+        if existing is not None:
+            raise PluginError(
+                name,
+                f"the name is taken by another plugin from {self._dist(name)}; "
+                "rename one entry point or disable one with OBLETH_DISABLE_PLUGINS",
+                distribution=origin[0],
+            )
+        try:
+            self._pm.register(plugin, name=name)
+        except ValueError as exc:
+            raise PluginError(
+                name, f"could not be registered: {exc}", distribution=origin[0]
+            ) from exc
+        self._origin[name] = origin
+
+    def _load_entry_points(self) -> None:
+        for entry_point in sorted(
+            importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name
+        ):
+            if self._pm.is_blocked(entry_point.name):
+                continue
+            dist = entry_point.dist
+            origin = (dist.name, dist.version) if dist is not None else ("unknown", "")
+            try:
+                plugin = entry_point.load()
+            except Exception as exc:
+                raise PluginError(
+                    entry_point.name,
+                    f"failed to load {entry_point.value!r}: {type(exc).__name__}: {exc}. "
+                    f"Fix or uninstall {origin[0]}, or skip it with "
+                    f"OBLETH_DISABLE_PLUGINS={entry_point.name}",
+                    distribution=_dist_label(origin),
+                ) from exc
+            self._register(plugin, entry_point.name, origin)
+
+    def _check_hook_names(self) -> None:
+        known = set(hookspecs.HOOK_NAMES)
+        for name, plugin in self._pm.list_name_plugin():
+            for attr in dir(plugin):
+                if attr.startswith("obleth_") and attr not in known:
+                    raise PluginError(
+                        name,
+                        f"implements {attr!r}, which is no Obleth hook; "
+                        f"hooks are: {', '.join(hookspecs.HOOK_NAMES)}",
+                        distribution=self._dist(name),
+                    )
+
+    def _collect(self, kind: Kind) -> dict[str, _Offer]:
+        offers: dict[str, _Offer] = {}
+        for impl in self._impls(_COLLECTORS[kind]):
+            plugin = impl.plugin
+            try:
+                offered = impl({})
+            except Exception as exc:
+                raise PluginError(
+                    plugin,
+                    f"{_COLLECTORS[kind]}() raised {type(exc).__name__}: {exc}",
+                    distribution=self._dist(plugin),
+                ) from exc
+            if offered is None:
+                continue
+            if not isinstance(offered, Mapping):
+                raise PluginError(
+                    plugin,
+                    f"{_COLLECTORS[kind]}() returned {type(offered).__name__}; "
+                    "expected a dict of {name: factory}",
+                    distribution=self._dist(plugin),
+                )
+            for name, factory in offered.items():
+                if not isinstance(name, str) or not _NAME.match(name):
+                    raise PluginError(
+                        plugin,
+                        f"offers a {kind} named {name!r}; names are lower-case kebab-case",
+                        distribution=self._dist(plugin),
+                    )
+                if not callable(factory):
+                    raise PluginError(
+                        plugin,
+                        f"{kind} {name!r}: the factory is a {type(factory).__name__}, "
+                        "not a callable taking Settings",
+                        distribution=self._dist(plugin),
+                    )
+                if name in offers:
+                    other = offers[name].plugin
+                    raise PluginError(
+                        plugin,
+                        f"offers a {kind} named {name!r}, and so does plugin {other!r} "
+                        f"({self._dist(other)}); disable one with OBLETH_DISABLE_PLUGINS",
+                        distribution=self._dist(plugin),
+                    )
+                offers[name] = _Offer(cast(Factory, factory), plugin)
+        return offers
+
+    def _impls(self, hook: str) -> list[_Impl]:
+        """The hook's implementations in the order pluggy would call them."""
+        caller: pluggy.HookCaller = getattr(self._pm.hook, hook)
+        return [
+            _Impl(impl.plugin_name, impl.function, tuple(impl.argnames))
+            for impl in reversed(caller.get_hookimpls())
+        ]
+
+    # -- what the gateway builds from -------------------------------------------------------
+
+    def names(self, kind: Kind) -> list[str]:
+        return sorted(self._offers[kind])
+
+    def build(self, kind: Kind, name: str) -> Any:
+        """Call the factory the user selected by ``name`` and check what it returns."""
+        offer = self._offers[kind].get(name)
+        if offer is None:
+            installed = ", ".join(self.names(kind)) or "none"
+            raise self.settings.error(
+                _SETTING_OF[kind], name, f"no {kind} by that name; installed: {installed}"
+            )
+        try:
+            built = offer.factory(self.settings)
+        except (ConfigError, PluginError):
+            raise
+        except Exception as exc:
+            raise PluginError(
+                offer.plugin,
+                f"the factory of {kind} {name!r} raised {type(exc).__name__}: {exc}",
+                distribution=self._dist(offer.plugin),
+            ) from exc
+        role = _ROLES[kind]
+        if not isinstance(built, role):
+            raise PluginError(
+                offer.plugin,
+                f"the factory of {kind} {name!r} returned {type(built).__name__}, which lacks "
+                f"what gateway.protocols.{role.__name__} requires",
+                distribution=self._dist(offer.plugin),
+            )
+        return built
+
+    def plugin_of(self, kind: Kind, name: str) -> str:
+        return self._offers[kind][name].plugin
+
+    def describe(self) -> list[PluginInfo]:
+        """Every registered plugin with its origin and what it offers, sorted by name."""
+        result = []
+        for name, _ in sorted(self._pm.list_name_plugin()):
+            distribution, version = self._origin.get(name, ("unknown", ""))
+            provides: dict[str, list[str]] = {}
+            for kind, offers in self._offers.items():
+                mine = sorted(n for n, offer in offers.items() if offer.plugin == name)
+                if mine:
+                    provides[kind] = mine
+            for hook in hookspecs.HOOK_NAMES:
+                if hook in _COLLECTORS.values():
+                    continue
+                if any(impl.plugin == name for impl in self._impls(hook)):
+                    provides.setdefault("hooks", []).append(hook)
+            result.append(PluginInfo(name, distribution, version, provides))
+        return result
+
+    # -- the request path -------------------------------------------------------------------
+
+    def classify(
+        self, scope: Scope, headers: Mapping[str, str], body: bytes | None
+    ) -> Classification | None:
+        """The first plugin's answer; a plugin that raises is logged and skipped."""
+        arguments = {"scope": scope, "headers": headers, "body": body, "settings": self.settings}
+        for impl in self._classifiers:
+            try:
+                answer = impl(arguments)
+            except BadRequest:
+                raise
+            except Exception:
+                self._complain(impl.plugin, "obleth_classify_request")
+                continue
+            if answer is None:
+                continue
+            if isinstance(answer, Classification):
+                return answer
+            self._complain(impl.plugin, "obleth_classify_request", f"returned {answer!r}")
+        return None
+
+    @property
+    def observes(self) -> bool:
+        return bool(self._on_admitted or self._on_rejected or self._on_finished)
+
+    def admitted(self, request: RequestInfo, wait_s: float) -> None:
+        self._notify(
+            self._on_admitted, "obleth_request_admitted", {"request": request, "wait_s": wait_s}
+        )
+
+    def rejected(self, request: RequestInfo, reason: str) -> None:
+        self._notify(
+            self._on_rejected, "obleth_request_rejected", {"request": request, "reason": reason}
+        )
+
+    def finished(self, request: RequestInfo, duration_s: float, outcome: str) -> None:
+        self._notify(
+            self._on_finished,
+            "obleth_request_finished",
+            {"request": request, "duration_s": duration_s, "outcome": outcome},
+        )
+
+    def _notify(self, impls: Sequence[_Impl], hook: str, arguments: Mapping[str, Any]) -> None:
+        for impl in impls:
+            try:
+                impl(arguments)
+            except Exception:
+                self._complain(impl.plugin, hook)
+
+    def _complain(self, plugin: str, hook: str, problem: str | None = None) -> None:
+        """Log a plugin's failure on the request path, at most once a minute per plugin."""
+        now = time.monotonic()
+        if now - self._last_complaint.get(plugin, -3600.0) < 60.0:
+            return
+        self._last_complaint[plugin] = now
+        where = f"plugin {plugin!r} ({self._dist(plugin)}), hook {hook}"
+        if problem is None:
+            log.exception("%s raised; the request goes on without it", where)
+        else:
+            log.error("%s %s; the request goes on without it", where, problem)
+
+    # -- naming -----------------------------------------------------------------------------
+
+    def _dist(self, plugin: str) -> str:
+        return _dist_label(self._origin.get(plugin, ("unknown", "")))
+
+
+def _dist_label(origin: tuple[str, str]) -> str:
+    distribution, version = origin
+    return f"{distribution} {version}".strip()
+
+
+def _builtin_name(module: ModuleType) -> str:
+    return module.__name__.rsplit(".", 1)[-1].replace("_", "-")
+
+
+def _own_version() -> str:
+    try:
+        return importlib.metadata.version("obleth")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,150 @@
+"""The roles plugins and backends fill, and the small records they exchange.
+
+A plugin's factory is called once, at gateway start, with the gateway's ``Settings``; the
+object it returns must satisfy one of these Protocols. The gateway checks that when it
+assembles, and names the plugin when the check fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from gateway.core.admission import OverflowAction, QueueView
+from gateway.core.tickets import Priority, Ticket
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
+
+@runtime_checkable
+class CapacityProvider(Protocol):
+    """Says how many requests may be in flight.
+
+    ``max_in_flight()`` is called on every admission decision: it must answer from memory,
+    at once, without I/O. A provider whose value depends on the outside world (backend
+    metrics, a control plane) refreshes it in a background task started by an optional
+    ``async start()`` and ended by ``async stop()``. A provider whose value can change
+    also offers ``subscribe(callback)`` and calls ``callback()`` after each change, so that
+    a raised limit admits waiters at once rather than at the next release.
+    Several providers combine by minimum.
+    """
+
+    def max_in_flight(self) -> int: ...
+
+
+@runtime_checkable
+class OverflowPolicy(Protocol):
+    """Decides what happens to a request that finds no free seat.
+
+    ``decide`` is called on the request path, so no I/O. It answers ``"queue"`` (wait for
+    a seat, bounded by ``max_queue`` and ``queue_timeout_s``), ``"reject"`` (answer 503 at
+    once) or ``"evict"`` (queue the newcomer and, if the queue is full, drop the oldest
+    waiter of the heaviest tenant, never one of a more urgent class than the newcomer's).
+    A ``background`` request and a tenant over its cap never reach the policy.
+    """
+
+    def decide(self, view: QueueView, ticket: Ticket) -> OverflowAction: ...
+
+
+@runtime_checkable
+class RoutingScorer(Protocol):
+    """Scores upstreams for a request: each value in [0, 1], higher is better.
+
+    Called on the request path for every routed request: no I/O; read scraped backend
+    readings from memory.
+    """
+
+    def score(self, request: object, upstreams: list[str]) -> Mapping[str, float]: ...
+
+
+Factory = Callable[["Settings"], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """What ``obleth_classify_request`` answers: who sends a request and how urgent it is.
+
+    ``tenant`` is used as a key and a label: never a raw credential. ``routing_key`` and
+    ``session_id`` are for the router.
+    """
+
+    tenant: str
+    priority: Priority = "standard"
+    routing_key: bytes | None = None
+    session_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What observers learn about a request."""
+
+    tenant: str
+    priority: Priority
+    method: str
+    path: str
+
+
+# -- the counter backend: where seats are counted (in-process now, Redis in cluster mode) --
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    """Seats granted to one request. ``token`` identifies it to its backend."""
+
+    ticket: Ticket
+    token: object = None
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """A request waiting for seats; ``future`` resolves to its Lease, or raises Rejected."""
+
+    ticket: Ticket
+    future: asyncio.Future[Lease]
+    token: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantState:
+    inflight: int
+    queued: Mapping[str, int]
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The gate's state at one instant, for status pages, metrics and the demo."""
+
+    limit: int
+    inflight: int
+    queued: int
+    max_queue: int
+    tenants: Mapping[str, TenantState] = field(default_factory=dict)
+
+
+class CounterBackend(Protocol):
+    """Counts seats and keeps the fair queue; the scheduler drives it.
+
+    The in-process backend is the default; the Redis backend makes one budget and one
+    queue for every pod. Contract, for both:
+
+    - ``acquire`` returns a Lease when seats are free now, a Pending when the request
+      waits, or raises ``Rejected``. It reads the limit on every call.
+    - ``release`` gives seats back exactly as often as it is called; it never blocks and
+      never raises (the caller guarantees one call per Lease).
+    - ``cancel`` means the waiter gave up: the backend will not grant it, and if it had
+      already granted it (even if the grant has not reached this pod yet) it takes the
+      seats back itself.
+    - ``limit_changed`` re-reads the limit and grants waiters that now fit.
+    """
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def acquire(self, ticket: Ticket) -> Lease | Pending: ...
+    def release(self, lease: Lease) -> None: ...
+    def cancel(self, pending: Pending) -> None: ...
+    def limit_changed(self) -> None: ...
+    def snapshot(self) -> Snapshot: ...

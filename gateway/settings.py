@@ -1,0 +1,340 @@
+"""Settings: keyword arguments or ``OBLETH_*`` environment variables, validated at startup.
+
+Every bad value raises ``ConfigError`` naming the setting as the user wrote it (the keyword
+or the environment variable), the value, and what would be accepted. Names that depend on
+installed plugins (providers, policies) are checked when a gateway assembles its plugins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from gateway.core.tickets import PRIORITIES, Priority
+from gateway.core.weights import WeightSyntaxError, check_weights, parse_weights
+from gateway.errors import ConfigError
+
+ENV_PREFIX = "OBLETH_"
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9a-z]+$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything a gateway is configured by; immutable once built.
+
+    ``Settings(...)`` takes keyword arguments only; ``Settings.from_env()`` reads
+    ``OBLETH_<NAME>`` for each field (lists comma-separated, weights as ``gold:4,free:1``).
+    """
+
+    global_max_in_flight: int = 64
+    """The static limit on requests in flight (the ``static`` capacity provider)."""
+    capacity_providers: tuple[str, ...] = ("static",)
+    """Capacity providers by name; the effective limit is the minimum of them all."""
+    overflow_policy: str = "block"
+    """What happens when no seat is free: ``block``, ``drop-newest``, ``drop-oldest``."""
+    max_queue: int = 1024
+    """How many requests may wait at once; past it the policy's queue-full rule applies."""
+    queue_timeout_s: float = 30.0
+    """How long a request may wait for a seat before it is answered 503 ``queue_timeout``."""
+    tenant_header: str | None = None
+    """Request header naming the tenant; without it, the tenant is a hash of the API key."""
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    """Fair-share weights by tenant; tenants not listed weigh ``default_tenant_weight``."""
+    default_tenant_weight: float = 1.0
+    """Weight of every tenant missing from ``tenant_weights``."""
+    tenant_max_in_flight: int | Mapping[str, int] | None = None
+    """Cap on one tenant's requests in the gateway (running or waiting): a number for
+    every tenant, or ``{tenant: cap}`` with ``"*"`` for the rest. Over it: 429."""
+    default_tenant: str = "anonymous"
+    """Tenant of requests with neither the tenant header nor an API key."""
+    priority_header: str = "x-priority"
+    """Request header carrying ``critical``, ``standard`` or ``background``."""
+    trust_priority_header: bool = False
+    """Read ``priority_header`` at all; off by default, since clients could claim ``critical``."""
+    default_priority: Priority = "standard"
+    """Priority class of requests that do not (or may not) say theirs."""
+    max_body_bytes: int = 8 * 1024 * 1024
+    """Largest JSON body read for classification; a larger one is answered 413."""
+    exempt_paths: tuple[str, ...] = ("/healthz", "/readyz", "/metrics")
+    """Paths never admission-controlled (exact, or as a prefix followed by ``/``)."""
+    retry_after_s: float = 1.0
+    """What ``Retry-After`` tells rejected clients, in seconds (rounded up)."""
+    disable_plugins: tuple[str, ...] = ()
+    """Plugins (entry-point or built-in names) not to load, e.g. a broken third-party one."""
+    source: Literal["code", "env"] = field(default="code", compare=False, repr=False)
+    """Where the values came from, so that errors name what the user actually wrote."""
+
+    def __post_init__(self) -> None:
+        for spec in _SPECS.values():
+            raw = getattr(self, spec.name)
+            object.__setattr__(self, spec.name, spec.check(self, raw))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from ``OBLETH_*`` variables; keyword ``overrides`` win over them.
+
+        An ``OBLETH_*`` variable that is no setting is an error (a typo must not be
+        silently ignored).
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for key, text in env.items():
+            if not key.startswith(ENV_PREFIX):
+                continue
+            name = key[len(ENV_PREFIX) :].lower()
+            spec = _SPECS.get(name)
+            if spec is None:
+                known = [ENV_PREFIX + n.upper() for n in _SPECS]
+                near = difflib.get_close_matches(key, known, n=1)
+                hint = f"did you mean {near[0]}? " if near else ""
+                raise ConfigError(key, text, f"no such setting; {hint}known: {', '.join(known)}")
+            values[name] = spec.parse_env(key, text)
+        values.update(overrides)
+        return cls(**values, source="env")
+
+    def label(self, name: str) -> str:
+        """The setting as the user wrote it: the environment variable or the keyword."""
+        return ENV_PREFIX + name.upper() if self.source == "env" else name
+
+    def error(self, name: str, value: object, expected: str) -> ConfigError:
+        return ConfigError(self.label(name), value, expected)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+# -- per-setting parsing and checking -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    parse_env: Callable[[str, str], Any]
+    check: Callable[[Settings, Any], Any]
+
+
+def _env_int(key: str, text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ConfigError(key, text, "expected a whole number, e.g. 64") from None
+
+
+def _env_float(key: str, text: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ConfigError(key, text, "expected a number of seconds, e.g. 30 or 0.5") from None
+
+
+def _env_bool(key: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise ConfigError(key, text, "expected true or false")
+
+
+def _env_text(key: str, text: str) -> str:
+    return text.strip()
+
+
+def _env_optional_text(key: str, text: str) -> str | None:
+    return text.strip() or None
+
+
+def _env_list(key: str, text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _env_weights(key: str, text: str) -> dict[str, float]:
+    try:
+        return parse_weights(text)
+    except WeightSyntaxError as exc:
+        raise ConfigError(
+            key, text, f"{exc}; expected tenant:weight pairs like gold:4,free:1"
+        ) from None
+
+
+def _env_caps(key: str, text: str) -> int | dict[str, int] | None:
+    text = text.strip()
+    if not text:
+        return None
+    if ":" not in text:
+        return _env_int(key, text)
+    caps: dict[str, int] = {}
+    for name, weight in _env_weights(key, text).items():
+        if weight != int(weight):
+            raise ConfigError(key, text, f"{name}: a cap is a whole number, e.g. {name}:10")
+        caps[name] = int(weight)
+    return caps
+
+
+def _check_int(minimum: int) -> Callable[[Settings, str, Any], int]:
+    def check(settings: Settings, name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise settings.error(name, value, f"expected a whole number of at least {minimum}")
+        return value
+
+    return check
+
+
+def _check_seconds(settings: Settings, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise settings.error(name, value, "expected a number of seconds")
+    if not math.isfinite(value) or value <= 0:
+        raise settings.error(name, value, "expected a finite number of seconds above 0")
+    return float(value)
+
+
+def _check_name(settings: Settings, name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise settings.error(name, value, "expected a non-empty name")
+    return value.strip()
+
+
+def _check_names(settings: Settings, name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = _env_list(name, value)
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise settings.error(name, value, "expected a list of names")
+    names = tuple(v.strip() for v in value if v.strip())
+    if len(set(names)) != len(names):
+        raise settings.error(name, value, "a name is listed twice")
+    return names
+
+
+def _check_providers(settings: Settings, name: str, value: Any) -> tuple[str, ...]:
+    names = _check_names(settings, name, value)
+    if not names:
+        raise settings.error(name, value, "expected at least one capacity provider, e.g. static")
+    return names
+
+
+def _check_header(settings: Settings, name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _HEADER_NAME.match(value.strip().lower()):
+        raise settings.error(name, value, "expected an HTTP header name, e.g. x-tenant")
+    return value.strip().lower()
+
+
+def _check_required_header(settings: Settings, name: str, value: Any) -> str:
+    header = _check_header(settings, name, value)
+    if header is None:
+        raise settings.error(name, value, "expected an HTTP header name, e.g. x-priority")
+    return header
+
+
+def _check_weights(settings: Settings, name: str, value: Any) -> Mapping[str, float]:
+    if not isinstance(value, Mapping):
+        raise settings.error(name, value, "expected a mapping like {'gold': 4, 'free': 1}")
+    try:
+        return MappingProxyType(check_weights(value))
+    except WeightSyntaxError as exc:
+        raise settings.error(
+            name, dict(value), f"{exc}; weights are finite numbers above 0"
+        ) from None
+
+
+def _check_weight(settings: Settings, name: str, value: Any) -> float:
+    try:
+        return check_weights({name: value})[name]
+    except WeightSyntaxError as exc:
+        raise settings.error(name, value, f"{exc}; a weight is a finite number above 0") from None
+
+
+def _check_caps(settings: Settings, name: str, value: Any) -> int | Mapping[str, int] | None:
+    expected = "expected a whole number of at least 1, or a mapping like {'free': 4, '*': 16}"
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    if isinstance(value, Mapping) and all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+        for k, v in value.items()
+    ):
+        return MappingProxyType(dict(value))
+    raise settings.error(name, value, expected)
+
+
+def _check_priority(settings: Settings, name: str, value: Any) -> str:
+    if value not in PRIORITIES:
+        raise settings.error(name, value, f"expected one of {', '.join(PRIORITIES)}")
+    return str(value)
+
+
+def _check_bool(settings: Settings, name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise settings.error(name, value, "expected True or False")
+    return value
+
+
+def _check_paths(settings: Settings, name: str, value: Any) -> tuple[str, ...]:
+    paths = _check_names(settings, name, value)
+    for path in paths:
+        if not path.startswith("/"):
+            raise settings.error(name, value, f"{path!r} is not a path; paths start with '/'")
+    return tuple(path.rstrip("/") or "/" for path in paths)
+
+
+def _spec(
+    name: str, parse_env: Callable[[str, str], Any], check: Callable[[Settings, str, Any], Any]
+) -> _Spec:
+    return _Spec(name, parse_env, lambda settings, value: check(settings, name, value))
+
+
+_SPECS: dict[str, _Spec] = {
+    spec.name: spec
+    for spec in (
+        _spec("global_max_in_flight", _env_int, _check_int(1)),
+        _spec("capacity_providers", _env_list, _check_providers),
+        _spec("overflow_policy", _env_text, _check_name),
+        _spec("max_queue", _env_int, _check_int(0)),
+        _spec("queue_timeout_s", _env_float, _check_seconds),
+        _spec("tenant_header", _env_optional_text, _check_header),
+        _spec("tenant_weights", _env_weights, _check_weights),
+        _spec("default_tenant_weight", _env_float, _check_weight),
+        _spec("tenant_max_in_flight", _env_caps, _check_caps),
+        _spec("default_tenant", _env_text, _check_name),
+        _spec("priority_header", _env_text, _check_required_header),
+        _spec("trust_priority_header", _env_bool, _check_bool),
+        _spec("default_priority", _env_text, _check_priority),
+        _spec("max_body_bytes", _env_int, _check_int(1)),
+        _spec("exempt_paths", _env_list, _check_paths),
+        _spec("retry_after_s", _env_float, _check_seconds),
+        _spec("disable_plugins", _env_list, _check_names),
+    )
+}
+
+
+def setting_names() -> tuple[str, ...]:
+    """Every setting a user may write, in declaration order."""
+    return tuple(_SPECS)
+
+
+def _unknown_setting(name: str, value: object) -> ConfigError:
+    near = difflib.get_close_matches(name, _SPECS, n=1)
+    hint = f"did you mean {near[0]}? " if near else ""
+    return ConfigError(name, value, f"no such setting; {hint}known: {', '.join(_SPECS)}")
+
+
+_dataclass_init = Settings.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init_naming_unknown_settings(self: Settings, **kwargs: Any) -> None:
+    for name, value in kwargs.items():
+        if name not in _SPECS and name != "source":
+            raise _unknown_setting(name, value)
+    _dataclass_init(self, **kwargs)
+
+
+Settings.__init__ = _init_naming_unknown_settings  # type: ignore[method-assign]

@@ -1,0 +1,215 @@
+"""CompletionEndpoint: the ASGI app behind /v1/completions and /v1/chat/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from starlette.types import Message, Receive, Scope, Send
+
+from gateway.sim.engine import EngineStopped, Generation, SimEngine
+from gateway.sim.stats import SimStats
+from gateway.sim.wire import (
+    CompletionRequest,
+    Endpoint,
+    FinishReason,
+    InvalidRequest,
+    chunk_body,
+    error_body,
+    new_response_id,
+    parse_request,
+    response_body,
+    sse_event,
+    usage_body,
+    usage_chunk_body,
+)
+
+FAIL_HEADER = b"x-sim-fail"
+"""Request header asking for an error answer: its value is the status (400-599)."""
+
+
+class CompletionEndpoint:
+    """Serves one completion endpoint of the simulator and keeps its ground-truth count.
+
+    Every call is counted in `stats` from entry until the final body message has been
+    sent, or until the client disconnects (which also withdraws the request from the
+    engine at once). A request with `x-sim-fail: <status>` is answered with that status
+    and an OpenAI-style error body, without reaching the engine.
+    """
+
+    def __init__(self, endpoint: Endpoint, engine: SimEngine, stats: SimStats) -> None:
+        self._endpoint: Endpoint = endpoint
+        self._engine = engine
+        self._stats = stats
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._stats.request_arrived()
+        left = False
+        status = 0
+
+        async def counted_send(message: Message) -> None:
+            nonlocal left, status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+            # Leave in the same loop step as the last send: the client cannot have a next
+            # request processed before this one stops counting (see SimStats).
+            last = message["type"] == "http.response.body" and not message.get("more_body")
+            if last and not left:
+                left = True
+                self._stats.request_left("completed" if status == 200 else "failed")
+
+        try:
+            await self._handle(scope, receive, counted_send)
+        finally:
+            if not left:
+                self._stats.request_left("disconnected")
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await _read_body(receive)
+        if body is None:
+            return
+        fail = _header(scope, FAIL_HEADER)
+        if fail is not None:
+            await _send_failure(send, fail)
+            return
+        try:
+            request = parse_request(self._endpoint, body)
+        except InvalidRequest as exc:
+            await _send_json(send, 400, error_body(exc.message, param=exc.param))
+            return
+        generation = self._engine.submit(request.prompt_text, request.max_tokens)
+        try:
+            if request.stream:
+                await _unless_disconnected(self._stream(request, generation, send), receive)
+            else:
+                await _unless_disconnected(self._respond(request, generation, send), receive)
+        finally:
+            generation.cancel()
+
+    async def _respond(
+        self, request: CompletionRequest, generation: Generation, send: Send
+    ) -> None:
+        try:
+            text = "".join([token async for token in generation])
+        except EngineStopped as exc:
+            await _send_json(send, 503, error_body(str(exc), error_type="server_error"))
+            return
+        body = response_body(
+            request,
+            response_id=new_response_id(request.endpoint),
+            created=int(time.time()),
+            model=self._engine.config.model,
+            text=text,
+            finish_reason="length",
+            usage=_usage(generation),
+        )
+        await _send_json(send, 200, body)
+
+    async def _stream(self, request: CompletionRequest, generation: Generation, send: Send) -> None:
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        fields: dict[str, Any] = {
+            "response_id": new_response_id(request.endpoint),
+            "created": int(time.time()),
+            "model": self._engine.config.model,
+        }
+        produced = 0
+        try:
+            async for token in generation:
+                produced += 1
+                last = produced == generation.max_tokens
+                finish: FinishReason | None = "length" if last else None
+                chunk = chunk_body(
+                    request, token=token, first=produced == 1, finish_reason=finish, **fields
+                )
+                await send(_body(sse_event(chunk)))
+        except EngineStopped as exc:
+            await send(_body(sse_event(error_body(str(exc), error_type="server_error"))))
+        else:
+            if request.include_usage:
+                usage = usage_chunk_body(request, usage=_usage(generation), **fields)
+                await send(_body(sse_event(usage)))
+        await send(_body(sse_event("[DONE]"), more=False))
+
+
+def _body(data: bytes, *, more: bool = True) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": more}
+
+
+def _usage(generation: Generation) -> dict[str, Any]:
+    return usage_body(
+        generation.prompt_tokens, generation.completion_tokens, generation.cached_prompt_tokens
+    )
+
+
+async def _unless_disconnected(work: Coroutine[Any, Any, None], receive: Receive) -> None:
+    """Run `work` to completion, or cancel it as soon as the client disconnects.
+
+    The ASGI server's `send` may silently drop messages after a disconnect (uvicorn's
+    does), so a stream cannot rely on `send` failing; it has to watch `receive`.
+    """
+    worker = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnected(receive))
+    try:
+        await asyncio.wait((worker, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        worker.cancel()
+        watcher.cancel()
+        # Let the worker unwind (withdrawing its generation) before the request leaves.
+        await asyncio.wait((worker, watcher))
+    for task in (worker, watcher):
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            raise error
+
+
+async def _until_disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None if the client went away first."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key.lower() == name:
+            return bytes(value).decode("latin-1").strip()
+    return None
+
+
+async def _send_failure(send: Send, requested: str) -> None:
+    try:
+        status = int(requested)
+    except ValueError:
+        status = 0
+    if not 400 <= status <= 599:
+        message = f"x-sim-fail must be an HTTP error status from 400 to 599, got {requested!r}"
+        await _send_json(send, 400, error_body(message, param="x-sim-fail"))
+        return
+    error_type = "server_error" if status >= 500 else "invalid_request_error"
+    message = f"simulated failure: the request asked for {status} with x-sim-fail"
+    await _send_json(send, status, error_body(message, error_type=error_type))
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+    body = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send(_body(body, more=False))

@@ -1,0 +1,84 @@
+"""SimConfig: every knob of the simulated inference backend, with its unit."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from gateway.errors import ConfigError
+
+# Smallest accepted value of each integer setting. prefix_cache_blocks may be 0: that
+# turns prefix caching off, which benchmarks use as their cache-less baseline.
+_INT_MINIMUMS = {
+    "max_num_seqs": 1,
+    "block_size_tokens": 1,
+    "chars_per_token": 1,
+    "prefix_cache_blocks": 0,
+    "kv_cache_blocks": 1,
+    "default_max_tokens": 1,
+}
+_DURATIONS = ("prefill_s_per_token", "step_s", "step_s_per_seq")
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """How the simulated backend behaves; immutable, validated on construction.
+
+    The defaults stand for a small real GPU server running a 7-8B model: a 10 ms decode
+    step plus 0.2 ms per sequence in the batch, and 0.2 ms per prompt token that misses the
+    prefix cache (5,000 prompt tokens per second of prefill). Tests shrink or stretch
+    these to make behaviour observable; nothing else depends on the defaults.
+
+    Raises `gateway.errors.ConfigError` naming the first field with an unusable value.
+    """
+
+    model: str = "obleth-sim"
+    """Model name served by /v1/models, echoed in responses and used as the `model_name`
+    metric label. Requests may name any model; the simulator answers as this one."""
+
+    max_num_seqs: int = 32
+    """Continuous-batching slots (sequences): how many requests decode at once. Requests
+    beyond this wait in the engine's FIFO queue (`vllm:num_requests_waiting`)."""
+
+    block_size_tokens: int = 16
+    """Tokens per KV-cache block; the unit of prefix caching and of KV usage."""
+
+    chars_per_token: int = 4
+    """Characters per token of the stand-in tokenizer: a token is a fixed run of this
+    many characters of the prompt text."""
+
+    prefix_cache_blocks: int = 4096
+    """Capacity of the prefix cache, in blocks, least recently used evicted first;
+    0 disables prefix caching."""
+
+    kv_cache_blocks: int = 8192
+    """Size of the KV cache, in blocks; only the denominator of `vllm:kv_cache_usage_perc`
+    (admission is limited by `max_num_seqs`, never by KV space)."""
+
+    prefill_s_per_token: float = 0.0002
+    """Seconds added to a step per prompt token that misses the prefix cache, for every
+    sequence admitted in that step."""
+
+    step_s: float = 0.010
+    """Seconds of the base decode step; every running sequence emits one token per step."""
+
+    step_s_per_seq: float = 0.0002
+    """Seconds added to a step per sequence running in it (batch size cost)."""
+
+    default_max_tokens: int = 16
+    """Completion tokens generated when a request sets no `max_tokens`."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ConfigError("model", self.model, "must be a non-empty model name")
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if field.name in _INT_MINIMUMS:
+                minimum = _INT_MINIMUMS[field.name]
+                # bool is an int subclass; True as a slot count is a mistake, not a 1.
+                if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                    raise ConfigError(field.name, value, f"must be an integer >= {minimum}")
+            elif field.name in _DURATIONS:
+                valid = isinstance(value, int | float) and not isinstance(value, bool)
+                if not valid or not math.isfinite(value) or value < 0:
+                    raise ConfigError(field.name, value, "must be a finite number of seconds >= 0")

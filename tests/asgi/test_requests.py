@@ -1,0 +1,296 @@
+"""What the middleware promises each request: classification, body replay, JSON answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from gateway import GatewayMiddleware, Settings
+from gateway.builtin.classifier import tenant_of_key
+from gateway.types import Message, Receive, Scope, Send
+from tests.asgi.conftest import Client, http_scope
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())  # type: ignore[arg-type]
+
+
+class Echo:
+    """An app that records what it received and answers with it."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.states: list[dict[str, Any]] = []
+        self.hold = asyncio.Event()
+        self.hold.set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.bodies.append(body)
+        self.states.append(dict(scope.get("state", {}).get("obleth", {})))
+        await self.hold.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+
+def json_headers(**extra: str) -> dict[str, str]:
+    return {"content-type": "application/json", **extra}
+
+
+def test_json_body_reaches_the_app_byte_for_byte() -> None:
+    """The body read for classification is replayed unchanged, however it was chunked."""
+    body = json.dumps({"model": "m", "prompt": "x" * 5000}).encode()
+
+    async def scenario() -> None:
+        app = Echo()
+        gw = GatewayMiddleware(app, Settings())
+        client = Client(body=body, chunks=7)
+        await gw(http_scope(headers=json_headers()), client.receive, client.send)
+        assert app.bodies == [body] and client.text == body
+
+    run(scenario)
+
+
+def test_non_json_body_streams_to_the_app_unread() -> None:
+    """Uploads that are not JSON are not buffered by the gateway, and still arrive whole."""
+    body = b"\x00binary" * 1000
+
+    async def scenario() -> None:
+        app = Echo()
+        gw = GatewayMiddleware(app, Settings(max_body_bytes=100))
+        client = Client(body=body, chunks=3)
+        scope = http_scope(headers={"content-type": "application/octet-stream"})
+        await gw(scope, client.receive, client.send)
+        assert app.bodies == [body]
+
+    run(scenario)
+
+
+def test_json_body_over_the_bound_gets_413_with_a_json_error() -> None:
+    """A JSON body larger than max_body_bytes is refused before admission, with a reason."""
+
+    async def scenario() -> None:
+        app = Echo()
+        gw = GatewayMiddleware(app, Settings(max_body_bytes=100))
+        client = Client(body=b'{"prompt": "' + b"x" * 500 + b'"}', chunks=4)
+        await gw(http_scope(headers=json_headers()), client.receive, client.send)
+        assert client.status == 413
+        assert "max_body_bytes" in client.json()["error"]["message"]
+        assert app.bodies == [] and gw.gateway.scheduler.admitted == 0
+
+    run(scenario)
+
+
+def test_tenant_comes_from_the_configured_header() -> None:
+    """With tenant_header set, its value is the tenant the app sees."""
+
+    async def scenario() -> None:
+        app = Echo()
+        gw = GatewayMiddleware(app, Settings(tenant_header="x-tenant"))
+        client = Client()
+        await gw(http_scope(headers={"x-tenant": "gold"}), client.receive, client.send)
+        assert app.states[0]["tenant"] == "gold"
+
+    run(scenario)
+
+
+def test_api_keys_become_hashed_tenants_and_are_never_kept() -> None:
+    """Without a tenant header the tenant is a hash of the bearer key, never the key."""
+    key = "sk-live-very-secret-0001"
+
+    async def scenario() -> None:
+        app = Echo()
+        gw = GatewayMiddleware(app, Settings())
+        client = Client()
+        await gw(
+            http_scope(headers={"authorization": f"Bearer {key}"}), client.receive, client.send
+        )
+        tenant = app.states[0]["tenant"]
+        assert tenant == tenant_of_key(key) and key not in tenant
+        assert key not in repr(gw.gateway.snapshot())
+        other = Client()
+        await gw(http_scope(headers={"x-api-key": key}), other.receive, other.send)
+        assert app.states[1]["tenant"] == tenant
+
+    run(scenario)
+
+
+def test_priority_header_is_ignored_unless_trusted() -> None:
+    """A client cannot claim critical unless the settings trust the priority header."""
+
+    async def scenario() -> None:
+        app = Echo()
+        plain = GatewayMiddleware(app, Settings())
+        trusting = GatewayMiddleware(app, Settings(trust_priority_header=True))
+        for gw in (plain, trusting):
+            client = Client()
+            await gw(http_scope(headers={"x-priority": "critical"}), client.receive, client.send)
+        assert [s["priority"] for s in app.states] == ["standard", "critical"]
+
+    run(scenario)
+
+
+def test_unknown_priority_gets_400_naming_the_header() -> None:
+    """A trusted priority header with a bad value is a 400 with a JSON error."""
+
+    async def scenario() -> None:
+        gw = GatewayMiddleware(Echo(), Settings(trust_priority_header=True))
+        client = Client()
+        await gw(http_scope(headers={"x-priority": "urgent"}), client.receive, client.send)
+        assert client.status == 400
+        error = client.json()["error"]
+        assert error["param"] == "x-priority" and "critical" in error["message"]
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("settings", "headers", "status", "reason"),
+    [
+        ({"max_queue": 0}, {}, 503, "queue_full"),
+        ({"overflow_policy": "drop-newest"}, {}, 503, "over_capacity"),
+        ({"trust_priority_header": True}, {"x-priority": "background"}, 503, "no_wait"),
+        ({"tenant_max_in_flight": 1}, {}, 429, "tenant_limit"),
+        ({"queue_timeout_s": 0.01}, {}, 503, "queue_timeout"),
+    ],
+)
+def test_each_rejection_is_json_with_retry_after(
+    settings: dict[str, Any], headers: dict[str, str], status: int, reason: str
+) -> None:
+    """A full gateway answers 503 (429 for a tenant cap) with Retry-After and a reason code."""
+
+    async def scenario() -> None:
+        app = Echo()
+        app.hold.clear()
+        gw = GatewayMiddleware(app, Settings(global_max_in_flight=1, retry_after_s=2.5, **settings))
+        holder = Client()
+        running = asyncio.create_task(gw(http_scope(), holder.receive, holder.send))
+        await asyncio.sleep(0.01)
+        client = Client()
+        await gw(http_scope(headers=headers), client.receive, client.send)
+        assert client.status == status
+        assert client.headers["retry-after"] == "3"
+        assert client.headers["content-type"] == "application/json"
+        assert client.json()["error"]["code"] == reason
+        app.hold.set()
+        await running
+
+    run(scenario)
+
+
+def test_evicted_waiter_gets_503_evicted() -> None:
+    """Under drop-oldest the evicted waiter is answered 503 with code evicted."""
+
+    async def scenario() -> None:
+        app = Echo()
+        app.hold.clear()
+        gw = GatewayMiddleware(
+            app,
+            Settings(
+                global_max_in_flight=1,
+                max_queue=1,
+                overflow_policy="drop-oldest",
+                tenant_header="x-tenant",
+            ),
+        )
+        clients = [Client() for _ in range(3)]
+        tasks = []
+        for i, client in enumerate(clients):
+            scope = http_scope(headers={"x-tenant": "flood" if i < 2 else "light"})
+            tasks.append(asyncio.create_task(gw(scope, client.receive, client.send)))
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(tasks[1], 1)
+        assert clients[1].status == 503 and clients[1].json()["error"]["code"] == "evicted"
+        app.hold.set()
+        await asyncio.gather(*tasks)
+        assert [c.status for c in clients] == [200, 503, 200]
+
+    run(scenario)
+
+
+def test_exempt_paths_are_served_even_when_the_gateway_is_full() -> None:
+    """Health and metrics paths never queue, so operators can act during overload."""
+
+    async def scenario() -> None:
+        app = Echo()
+        app.hold.clear()
+        gw = GatewayMiddleware(app, Settings(global_max_in_flight=1, max_queue=0))
+        holder = Client()
+        running = asyncio.create_task(gw(http_scope(), holder.receive, holder.send))
+        await asyncio.sleep(0.01)
+        app.hold.set()
+        probe = Client()
+        await gw(http_scope("/healthz", "GET"), probe.receive, probe.send)
+        nested = Client()
+        await gw(http_scope("/metrics/detail", "GET"), nested.receive, nested.send)
+        assert probe.status == nested.status == 200
+        assert gw.gateway.scheduler.admitted == 1
+        await running
+
+    run(scenario)
+
+
+def test_websockets_and_other_scopes_pass_through() -> None:
+    """Scopes other than http and lifespan reach the app untouched."""
+    seen: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(scope["type"])
+
+    async def scenario() -> None:
+        gw = GatewayMiddleware(app, Settings())
+
+        async def nothing() -> Message:
+            return {"type": "websocket.connect"}
+
+        async def ignore(message: Message) -> None:
+            pass
+
+        await gw({"type": "websocket", "path": "/ws", "headers": []}, nothing, ignore)
+        assert seen == ["websocket"] and gw.gateway.scheduler.admitted == 0
+
+    run(scenario)
+
+
+def test_lifespan_is_wrapped_so_the_apps_own_startup_still_runs() -> None:
+    """The gateway starts on lifespan startup; the app still sees and answers every event."""
+    events: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            events.append(message["type"])
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def scenario() -> None:
+        gw = GatewayMiddleware(app, Settings())
+        inbox = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+        outbox: list[str] = []
+
+        async def receive() -> Message:
+            return inbox.pop(0)
+
+        async def send(message: Message) -> None:
+            outbox.append(message["type"])
+            if message["type"] == "lifespan.startup.complete":
+                assert gw.gateway.started
+
+        await gw({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+        assert events == ["lifespan.startup", "lifespan.shutdown"]
+        assert outbox == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+        assert not gw.gateway.started
+
+    run(scenario)

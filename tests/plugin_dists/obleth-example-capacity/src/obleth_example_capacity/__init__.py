@@ -1,0 +1,1 @@
+"""An example Obleth plugin; the hooks live in ``obleth_example_capacity.plugin``."""

@@ -1,0 +1,398 @@
+"""The plugin facade: what it accepts from plugins, how it names the ones that misbehave."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gateway import (
+    BadRequest,
+    Classification,
+    ConfigError,
+    Gateway,
+    PluginError,
+    RequestInfo,
+    Settings,
+    hookimpl,
+    hookspecs,
+)
+from gateway.plugins import Plugins
+from gateway.types import Scope
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
+BUILTINS = {
+    "capacity-static",
+    "classifier",
+    "overflow-block",
+    "overflow-drop-newest",
+    "overflow-drop-oldest",
+}
+SCOPE: Scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
+REQUEST = RequestInfo(tenant="acme", priority="standard", method="POST", path="/v1/completions")
+
+
+def plugin(name: str, **hooks: Callable[..., Any]) -> SimpleNamespace:
+    """A plugin object registered as ``name`` whose attributes are ``hooks``."""
+    return SimpleNamespace(__name__=name, **hooks)
+
+
+def offering(name: str, offers: object) -> SimpleNamespace:
+    """A plugin whose ``obleth_capacity_providers`` returns ``offers``."""
+
+    @hookimpl
+    def obleth_capacity_providers() -> object:
+        return offers
+
+    return plugin(name, obleth_capacity_providers=obleth_capacity_providers)
+
+
+def facade(*extra: object, **settings: Any) -> Plugins:
+    return Plugins(Settings(**settings), extra=extra, entry_points=False)
+
+
+class Fixed:
+    """A capacity provider with a constant limit of 3."""
+
+    def __init__(self, settings: Settings) -> None:
+        pass
+
+    def max_in_flight(self) -> int:
+        return 3
+
+
+# -- what a plugin may offer ----------------------------------------------------------------
+
+
+def test_provider_from_a_plugin_object_can_be_selected() -> None:
+    """A plugin passed in code offers a provider that settings select by name."""
+    gateway = Gateway(
+        Settings(capacity_providers=["fixed"]),
+        plugins=[offering("fixed-capacity", {"fixed": Fixed})],
+        entry_points=False,
+    )
+
+    assert gateway.capacity.current() == 3
+
+
+def test_two_plugins_offering_one_provider_name_are_both_named() -> None:
+    """A provider name offered twice stops startup, naming both plugins."""
+    with pytest.raises(PluginError) as caught:
+        facade(offering("first", {"fixed": Fixed}), offering("second", {"fixed": Fixed}))
+
+    message = str(caught.value)
+    assert "'first'" in message
+    assert "'second'" in message
+    assert "'fixed'" in message
+
+
+def test_plugin_offering_a_builtin_name_is_reported_next_to_the_builtin() -> None:
+    """A third-party provider called `static` collides with the built-in, naming both."""
+    with pytest.raises(PluginError) as caught:
+        facade(offering("impostor", {"static": Fixed}))
+
+    message = str(caught.value)
+    assert "'impostor'" in message
+    assert "'capacity-static'" in message
+
+
+def test_misspelled_hook_is_reported_with_the_plugin_and_the_hook() -> None:
+    """An `obleth_*` function that is no hook stops startup, naming the plugin and the typo."""
+
+    @hookimpl
+    def obleth_capacity_provider() -> dict[str, object]:
+        return {"fixed": Fixed}
+
+    with pytest.raises(PluginError) as caught:
+        facade(plugin("typo", obleth_capacity_provider=obleth_capacity_provider))
+
+    assert caught.value.plugin == "typo"
+    assert "'obleth_capacity_provider'" in str(caught.value)
+    assert "obleth_capacity_providers" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("offers", "complaint"),
+    [
+        (["fixed"], "returned list"),
+        ({"fixed": 3}, "the factory is a int"),
+        ({"Fixed_Capacity": Fixed}, "kebab-case"),
+    ],
+    ids=["list", "non-callable-factory", "non-kebab-name"],
+)
+def test_collector_returning_garbage_names_the_plugin(offers: object, complaint: str) -> None:
+    """A collector returning anything but `{kebab-name: factory}` stops startup, naming it."""
+    with pytest.raises(PluginError) as caught:
+        facade(offering("sloppy", offers))
+
+    assert caught.value.plugin == "sloppy"
+    assert str(caught.value).startswith("plugin 'sloppy'")
+    assert complaint in str(caught.value)
+
+
+def test_collector_that_raises_names_the_plugin() -> None:
+    """A collector that raises stops startup with the plugin's name and the error."""
+
+    @hookimpl
+    def obleth_overflow_policies() -> dict[str, object]:
+        raise RuntimeError("no policies today")
+
+    with pytest.raises(PluginError) as caught:
+        facade(plugin("moody", obleth_overflow_policies=obleth_overflow_policies))
+
+    assert caught.value.plugin == "moody"
+    assert "no policies today" in str(caught.value)
+
+
+# -- what a factory builds ------------------------------------------------------------------
+
+
+def test_factory_that_raises_names_the_plugin() -> None:
+    """A selected factory that raises stops startup, naming the plugin and the error."""
+
+    def explode(settings: Settings) -> object:
+        raise RuntimeError("cannot reach the control plane")
+
+    with pytest.raises(PluginError) as caught:
+        Gateway(
+            Settings(capacity_providers=["remote"]),
+            plugins=[offering("remote-capacity", {"remote": explode})],
+            entry_points=False,
+        )
+
+    assert caught.value.plugin == "remote-capacity"
+    assert "'remote'" in str(caught.value)
+    assert "RuntimeError: cannot reach the control plane" in str(caught.value)
+
+
+def test_factory_returning_an_object_without_max_in_flight_names_the_plugin() -> None:
+    """A provider lacking `max_in_flight` is refused at startup, naming its plugin."""
+
+    def hollow(settings: Settings) -> object:
+        return SimpleNamespace(limit=3)
+
+    with pytest.raises(PluginError) as caught:
+        Gateway(
+            Settings(capacity_providers=["hollow"]),
+            plugins=[offering("hollow-capacity", {"hollow": hollow})],
+            entry_points=False,
+        )
+
+    assert caught.value.plugin == "hollow-capacity"
+    assert "CapacityProvider" in str(caught.value)
+
+
+def test_unselected_factory_is_never_called() -> None:
+    """Installing a plugin costs nothing until its provider is selected."""
+
+    def explode(settings: Settings) -> object:
+        raise AssertionError("an unselected factory was called")
+
+    gateway = Gateway(plugins=[offering("idle", {"idle": explode})], entry_points=False)
+
+    assert gateway.capacity.current() == Settings().global_max_in_flight
+
+
+# -- names in settings ----------------------------------------------------------------------
+
+
+def test_unknown_capacity_provider_names_the_setting_and_lists_installed_ones() -> None:
+    """A provider name nobody offers stops startup, quoting the setting and the choices."""
+    with pytest.raises(ConfigError) as caught:
+        Gateway(Settings(capacity_providers=["static", "nope"]), entry_points=False)
+
+    assert caught.value.setting == "capacity_providers"
+    assert str(caught.value) == (
+        "capacity_providers='nope': no capacity provider by that name; installed: static"
+    )
+
+
+def test_unknown_overflow_policy_lists_the_installed_policies() -> None:
+    """An overflow policy nobody offers stops startup, listing every installed policy."""
+    with pytest.raises(ConfigError) as caught:
+        Gateway(Settings(overflow_policy="drop"), entry_points=False)
+
+    assert caught.value.setting == "overflow_policy"
+    assert "installed: block, drop-newest, drop-oldest" in str(caught.value)
+
+
+def test_unknown_policy_from_the_environment_names_the_variable() -> None:
+    """A bad `OBLETH_OVERFLOW_POLICY` is reported under the variable the user set."""
+    settings = Settings.from_env({"OBLETH_OVERFLOW_POLICY": "drop"})
+
+    with pytest.raises(ConfigError) as caught:
+        Gateway(settings, entry_points=False)
+
+    assert str(caught.value) == (
+        "OBLETH_OVERFLOW_POLICY='drop': no overflow policy by that name; "
+        "installed: block, drop-newest, drop-oldest"
+    )
+
+
+def test_disabling_a_builtin_removes_its_policy() -> None:
+    """`disable_plugins=["overflow-drop-oldest"]` makes `drop-oldest` unavailable."""
+    plugins = facade(disable_plugins=["overflow-drop-oldest"])
+
+    assert plugins.names("overflow policy") == ["block", "drop-newest"]
+    with pytest.raises(ConfigError, match=re.escape("installed: block, drop-newest")):
+        Gateway(
+            Settings(overflow_policy="drop-oldest", disable_plugins=["overflow-drop-oldest"]),
+            entry_points=False,
+        )
+
+
+@pytest.mark.xfail(
+    reason="Plugins.describe() lists blocked names: pluggy keeps them as (name, None) pairs",
+)
+def test_disabled_plugin_is_not_described() -> None:
+    """A disabled plugin is absent from `describe()` (and so from `obleth plugins`)."""
+    plugins = facade(disable_plugins=["overflow-drop-oldest"])
+
+    assert "overflow-drop-oldest" not in {info.name for info in plugins.describe()}
+
+
+# -- the request path -----------------------------------------------------------------------
+
+
+def test_classifier_plugin_answers_before_the_builtin() -> None:
+    """A plugin's classification wins over the built-in classifier's."""
+
+    @hookimpl
+    def obleth_classify_request(headers: dict[str, str]) -> Classification:
+        return Classification(tenant=headers["x-team"], priority="critical")
+
+    plugins = facade(plugin("teams", obleth_classify_request=obleth_classify_request))
+
+    answer = plugins.classify(SCOPE, {"x-team": "search"}, None)
+
+    assert answer == Classification(tenant="search", priority="critical")
+
+
+def test_classifier_that_raises_falls_through_to_the_builtin(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A classifier that raises is logged by name and the built-in classifies the request."""
+
+    @hookimpl
+    def obleth_classify_request() -> Classification:
+        raise KeyError("x-team")
+
+    plugins = facade(
+        plugin("flaky", obleth_classify_request=obleth_classify_request),
+        tenant_header="x-tenant",
+    )
+
+    with caplog.at_level(logging.ERROR, logger="obleth.plugins"):
+        answer = plugins.classify(SCOPE, {"x-tenant": "acme"}, None)
+
+    assert answer == Classification(tenant="acme", priority="standard")
+    [record] = [r for r in caplog.records if r.name == "obleth.plugins"]
+    assert "'flaky'" in record.getMessage()
+    assert "obleth_classify_request" in record.getMessage()
+    assert record.exc_info is not None
+
+
+def test_classifier_bad_request_reaches_the_client() -> None:
+    """`BadRequest` from a classifier is not swallowed: it becomes the client's 400."""
+
+    @hookimpl
+    def obleth_classify_request() -> Classification:
+        raise BadRequest("x-team header is required", param="x-team")
+
+    plugins = facade(plugin("strict", obleth_classify_request=obleth_classify_request))
+
+    with pytest.raises(BadRequest, match="x-team header is required"):
+        plugins.classify(SCOPE, {}, None)
+
+
+def test_observer_that_raises_is_logged_and_the_others_are_still_told(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An observer that raises is logged by name and skipped; the next observer still runs."""
+    seen: list[tuple[str, float]] = []
+
+    @hookimpl
+    def record(request: RequestInfo, wait_s: float) -> None:
+        seen.append((request.tenant, wait_s))
+
+    @hookimpl(tryfirst=True)
+    def explode(request: RequestInfo) -> None:
+        raise RuntimeError("metrics sink is down")
+
+    plugins = facade(
+        plugin("recorder", obleth_request_admitted=record),
+        plugin("noisy", obleth_request_admitted=explode),
+    )
+
+    with caplog.at_level(logging.ERROR, logger="obleth.plugins"):
+        plugins.admitted(REQUEST, 0.25)
+
+    assert seen == [("acme", 0.25)]
+    [record_] = [r for r in caplog.records if r.name == "obleth.plugins"]
+    assert "'noisy'" in record_.getMessage()
+    assert "obleth_request_admitted" in record_.getMessage()
+
+
+def test_observers_receive_only_the_arguments_they_declare() -> None:
+    """Each observer hook passes the request and its own detail, by argument name."""
+    seen: list[tuple[str, object]] = []
+
+    @hookimpl
+    def obleth_request_rejected(reason: str) -> None:
+        seen.append(("rejected", reason))
+
+    @hookimpl
+    def obleth_request_finished(outcome: str, duration_s: float) -> None:
+        seen.append(("finished", (outcome, duration_s)))
+
+    plugins = facade(
+        plugin(
+            "audit",
+            obleth_request_rejected=obleth_request_rejected,
+            obleth_request_finished=obleth_request_finished,
+        )
+    )
+    plugins.rejected(REQUEST, "queue_full")
+    plugins.finished(REQUEST, 1.5, "completed")
+
+    assert seen == [("rejected", "queue_full"), ("finished", ("completed", 1.5))]
+
+
+# -- describing what is installed -----------------------------------------------------------
+
+
+def test_describe_lists_the_builtins_from_the_obleth_distribution() -> None:
+    """`describe()` shows every built-in as coming from the `obleth` distribution."""
+    infos = {info.name: info for info in facade().describe()}
+
+    assert set(infos) == BUILTINS
+    assert {info.distribution for info in infos.values()} == {"obleth"}
+    assert infos["capacity-static"].provides == {"capacity provider": ["static"]}
+    assert infos["overflow-drop-oldest"].provides == {"overflow policy": ["drop-oldest"]}
+    assert infos["classifier"].provides == {"hooks": ["obleth_classify_request"]}
+
+
+def test_describe_lists_a_plugin_object_with_what_it_provides() -> None:
+    """A plugin passed in code is listed next to the built-ins with its offers."""
+    plugins = facade(offering("fixed-capacity", {"fixed": Fixed}))
+    infos = {info.name: info for info in plugins.describe()}
+
+    assert infos["fixed-capacity"].provides == {"capacity provider": ["fixed"]}
+    assert set(infos) == BUILTINS | {"fixed-capacity"}
+
+
+# -- the plugin author's manual -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hook", hookspecs.HOOK_NAMES)
+def test_every_hook_is_documented_in_its_spec_and_the_plugin_guide(hook: str) -> None:
+    """Each hook has a contract in its hookspec and a section in docs/plugins.md."""
+    spec = getattr(hookspecs, hook)
+
+    assert (spec.__doc__ or "").strip(), f"{hook} has no docstring"
+    assert f"`{hook}(" in GUIDE.read_text(encoding="utf-8"), f"docs/plugins.md omits {hook}"

@@ -1,0 +1,57 @@
+"""SimConfig: defaults that work, and bad values stopped with the setting named."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gateway.errors import ConfigError
+from gateway.sim import SimConfig
+
+
+def test_defaults_describe_a_small_gpu_server() -> None:
+    """The defaults construct and keep their documented values."""
+    config = SimConfig()
+    assert config.max_num_seqs == 32
+    assert config.step_s == pytest.approx(0.010)
+    assert config.step_s_per_seq == pytest.approx(0.0002)
+    assert config.prefill_s_per_token == pytest.approx(0.0002)
+
+
+def test_zero_prefix_cache_blocks_is_allowed_to_disable_caching() -> None:
+    """A cache-less baseline is a valid configuration."""
+    assert SimConfig(prefix_cache_blocks=0).prefix_cache_blocks == 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("model", ""),
+        ("max_num_seqs", 0),
+        ("max_num_seqs", True),
+        ("max_num_seqs", 2.5),
+        ("block_size_tokens", 0),
+        ("chars_per_token", -1),
+        ("prefix_cache_blocks", -1),
+        ("kv_cache_blocks", 0),
+        ("default_max_tokens", 0),
+        ("step_s", -0.001),
+        ("step_s_per_seq", math.inf),
+        ("prefill_s_per_token", math.nan),
+        ("prefill_s_per_token", "0.1"),
+    ],
+)
+def test_bad_values_raise_config_error_naming_the_setting(setting: str, value: object) -> None:
+    """Each unusable value stops construction with a ConfigError that names its field."""
+    with pytest.raises(ConfigError) as caught:
+        SimConfig(**{setting: value})  # type: ignore[arg-type]
+    assert caught.value.setting == setting
+    assert setting in str(caught.value)
+
+
+def test_config_is_immutable() -> None:
+    """A config can be shared between an engine and an app without copies."""
+    config = SimConfig()
+    with pytest.raises(AttributeError):
+        config.max_num_seqs = 4  # type: ignore[misc]

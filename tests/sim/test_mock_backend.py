@@ -1,0 +1,58 @@
+"""`obleth mock-backend` flags: every SimConfig knob, in the units the flags name."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from gateway.cli import mock_backend
+from gateway.errors import ConfigError
+from gateway.sim import SimConfig
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="obleth")
+    mock_backend.register(parser.add_subparsers())
+    return parser.parse_args(["mock-backend", *argv])
+
+
+def test_without_flags_the_backend_uses_simconfig_defaults() -> None:
+    """No flags means the documented defaults, listening on 127.0.0.1:8001."""
+    args = parse()
+    assert mock_backend.config_from_args(args) == SimConfig()
+    assert (args.host, args.port) == ("127.0.0.1", 8001)
+
+
+def test_flags_set_every_knob_with_milliseconds_converted_to_seconds() -> None:
+    """Each flag reaches its SimConfig field; *-ms flags are milliseconds."""
+    args = parse(
+        *("--model", "m", "--max-num-seqs", "4", "--block-size-tokens", "8"),
+        *("--chars-per-token", "2", "--prefix-cache-blocks", "0", "--kv-cache-blocks", "64"),
+        *("--prefill-ms-per-token", "0.5", "--step-ms", "20", "--step-ms-per-seq", "1"),
+        *("--default-max-tokens", "3"),
+    )
+    config = mock_backend.config_from_args(args)
+    assert config == SimConfig(
+        model="m",
+        max_num_seqs=4,
+        block_size_tokens=8,
+        chars_per_token=2,
+        prefix_cache_blocks=0,
+        kv_cache_blocks=64,
+        prefill_s_per_token=pytest.approx(0.0005),  # type: ignore[arg-type]
+        step_s=pytest.approx(0.020),  # type: ignore[arg-type]
+        step_s_per_seq=pytest.approx(0.001),  # type: ignore[arg-type]
+        default_max_tokens=3,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [(("--max-num-seqs", "0"), "--max-num-seqs"), (("--step-ms", "-1"), "--step-ms")],
+)
+def test_a_bad_flag_value_is_reported_under_the_flag_name(argv: tuple[str, str], flag: str) -> None:
+    """The error names the flag the user typed, not the internal field."""
+    with pytest.raises(ConfigError) as caught:
+        mock_backend.config_from_args(parse(*argv))
+    assert caught.value.setting == flag

@@ -1,0 +1,71 @@
+"""The middleware in front of the simulated backend on a real uvicorn server, over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections import Counter
+
+import httpx
+
+from gateway import GatewayMiddleware, Settings
+from gateway.loopback import serve_in_thread
+from gateway.sim import SimConfig, create_app
+
+LIMIT = 12
+
+
+def test_backend_never_sees_more_than_the_limit_across_500_concurrent_requests() -> None:
+    """500 concurrent requests from 3 tenants: the backend's own count never passes the limit."""
+    backend = create_app(SimConfig(max_num_seqs=64, step_s=0.002, step_s_per_seq=0.0))
+    app = GatewayMiddleware(
+        backend,
+        Settings(
+            global_max_in_flight=LIMIT,
+            tenant_header="x-tenant",
+            tenant_weights={"a": 3, "b": 2, "c": 1},
+            queue_timeout_s=60,
+            exempt_paths=["/sim", "/metrics", "/health"],
+        ),
+    )
+
+    async def drive(url: str) -> Counter[int]:
+        limits = httpx.Limits(max_connections=500)
+        async with httpx.AsyncClient(
+            base_url=url, limits=limits, timeout=60, trust_env=False
+        ) as http:
+
+            async def one(i: int) -> int:
+                body = {"prompt": f"request {i} " * 20, "max_tokens": 4, "stream": i % 3 == 0}
+                headers = {"x-tenant": "abc"[i % 3]}
+                async with http.stream("POST", "/v1/completions", json=body, headers=headers) as r:
+                    await r.aread()
+                    return r.status_code
+
+            return Counter(await asyncio.gather(*(one(i) for i in range(500))))
+
+    with serve_in_thread(app) as server:
+        statuses = asyncio.run(drive(server.url))
+        stats = httpx.get(f"{server.url}/sim/stats", trust_env=False).json()
+    assert statuses == Counter({200: 500})
+    assert stats["max_concurrency"] == LIMIT  # reached, and never passed
+    assert stats["completed"] == 500 and stats["concurrency"] == 0
+    scheduler = app.gateway.scheduler
+    assert scheduler.admitted == scheduler.released == 500
+
+
+def test_demo_runs_by_itself_and_reports_the_limit_held() -> None:
+    """`obleth demo` finishes on its own and says the backend stayed within the limit."""
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "demo", "--duration", "3", "--limit", "8"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "never above the limit" in result.stdout
+    assert "every one released once" in result.stdout
+    for tenant in ("gold", "silver", "bronze"):
+        assert tenant in result.stdout

@@ -1,0 +1,144 @@
+"""Bad configuration stops startup with a message naming the setting, value and fix."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gateway import ConfigError, Gateway, GatewayMiddleware, Settings
+from gateway.settings import setting_names
+
+
+def test_defaults_are_usable() -> None:
+    """Settings() with nothing set is a working configuration."""
+    settings = Settings()
+    assert settings.global_max_in_flight == 64 and settings.overflow_policy == "block"
+
+
+def test_environment_variables_configure_every_setting_kind() -> None:
+    """OBLETH_* variables parse numbers, lists, weights, caps and booleans."""
+    settings = Settings.from_env(
+        {
+            "OBLETH_GLOBAL_MAX_IN_FLIGHT": "128",
+            "OBLETH_CAPACITY_PROVIDERS": "static",
+            "OBLETH_QUEUE_TIMEOUT_S": "2.5",
+            "OBLETH_TENANT_WEIGHTS": "gold:4,free:1",
+            "OBLETH_TENANT_MAX_IN_FLIGHT": "free:3,*:10",
+            "OBLETH_TRUST_PRIORITY_HEADER": "true",
+            "OBLETH_EXEMPT_PATHS": "/healthz,/admin/",
+            "OBLETH_TENANT_HEADER": "X-Tenant",
+            "UNRELATED": "ignored",
+        }
+    )
+    assert settings.global_max_in_flight == 128
+    assert settings.queue_timeout_s == 2.5
+    assert dict(settings.tenant_weights) == {"gold": 4.0, "free": 1.0}
+    assert dict(settings.tenant_max_in_flight) == {"free": 3, "*": 10}  # type: ignore[arg-type]
+    assert settings.trust_priority_header is True
+    assert settings.exempt_paths == ("/healthz", "/admin")
+    assert settings.tenant_header == "x-tenant"
+
+
+def test_keyword_overrides_win_over_the_environment() -> None:
+    """from_env(**overrides) lets code pin a value the environment also sets."""
+    env = {"OBLETH_GLOBAL_MAX_IN_FLIGHT": "8"}
+    assert Settings.from_env(env, global_max_in_flight=3).global_max_in_flight == 3
+
+
+def test_every_setting_has_an_environment_variable() -> None:
+    """Each Settings field (but its source marker) is reachable as OBLETH_<NAME>."""
+    fields = {f.name for f in dataclasses.fields(Settings)} - {"source"}
+    assert set(setting_names()) == fields
+
+
+@pytest.mark.parametrize(
+    ("env", "named", "hint"),
+    [
+        ({"OBLETH_GLOBAL_MAX_IN_FLIGHT": "0"}, "OBLETH_GLOBAL_MAX_IN_FLIGHT=0", "at least 1"),
+        ({"OBLETH_GLOBAL_MAX_IN_FLIGHT": "-5"}, "OBLETH_GLOBAL_MAX_IN_FLIGHT=-5", "at least 1"),
+        (
+            {"OBLETH_GLOBAL_MAX_IN_FLIGHT": "lots"},
+            "OBLETH_GLOBAL_MAX_IN_FLIGHT='lots'",
+            "whole number",
+        ),
+        ({"OBLETH_TENANT_WEIGHTS": "gold:x"}, "OBLETH_TENANT_WEIGHTS='gold:x'", "gold:4,free:1"),
+        ({"OBLETH_TENANT_WEIGHTS": "gold:0"}, "OBLETH_TENANT_WEIGHTS='gold:0'", "greater than 0"),
+        ({"OBLETH_QUEUE_TIMEOUT_S": "-1"}, "OBLETH_QUEUE_TIMEOUT_S=-1.0", "above 0"),
+        ({"OBLETH_DEFAULT_PRIORITY": "urgent"}, "OBLETH_DEFAULT_PRIORITY='urgent'", "critical"),
+        (
+            {"OBLETH_TRUST_PRIORITY_HEADER": "maybe"},
+            "OBLETH_TRUST_PRIORITY_HEADER='maybe'",
+            "true or false",
+        ),
+        (
+            {"OBLETH_GLOBAL_MAX_INFLIGHT": "3"},
+            "OBLETH_GLOBAL_MAX_INFLIGHT='3'",
+            "did you mean OBLETH_GLOBAL_MAX_IN_FLIGHT",
+        ),
+        ({"OBLETH_EXEMPT_PATHS": "healthz"}, "OBLETH_EXEMPT_PATHS=", "paths start with '/'"),
+        (
+            {"OBLETH_TENANT_MAX_IN_FLIGHT": "free:1.5"},
+            "OBLETH_TENANT_MAX_IN_FLIGHT='free:1.5'",
+            "whole number",
+        ),
+    ],
+)
+def test_bad_environment_names_the_variable_value_and_fix(
+    env: dict[str, str], named: str, hint: str
+) -> None:
+    """Each bad OBLETH_* value is refused with the variable, the value and what is accepted."""
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(env)
+    assert str(caught.value).startswith(named)
+    assert hint in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named", "hint"),
+    [
+        ({"global_max_in_flight": 0}, "global_max_in_flight=0", "at least 1"),
+        ({"global_max_in_flight": True}, "global_max_in_flight=True", "whole number"),
+        ({"tenant_weights": {"gold": "x"}}, "tenant_weights=", "not a number"),
+        ({"tenant_max_in_flight": 0}, "tenant_max_in_flight=0", "at least 1"),
+        ({"max_queue": -1}, "max_queue=-1", "at least 0"),
+        ({"capacity_providers": []}, "capacity_providers=[]", "at least one"),
+        ({"tenant_header": "bad header"}, "tenant_header='bad header'", "header name"),
+        ({"global_max_inflight": 3}, "global_max_inflight=3", "did you mean global_max_in_flight"),
+    ],
+)
+def test_bad_keywords_name_the_setting_value_and_fix(
+    kwargs: dict[str, object], named: str, hint: str
+) -> None:
+    """Settings(...) refuses bad values the same way, naming the keyword."""
+    with pytest.raises(ConfigError) as caught:
+        Settings(**kwargs)  # type: ignore[arg-type]
+    assert str(caught.value).startswith(named)
+    assert hint in str(caught.value)
+
+
+def test_unknown_policy_lists_the_installed_ones() -> None:
+    """An unknown overflow policy stops the gateway and lists what is installed."""
+    with pytest.raises(ConfigError) as caught:
+        Gateway(Settings.from_env({"OBLETH_OVERFLOW_POLICY": "drop"}), entry_points=False)
+    message = str(caught.value)
+    assert message.startswith("OBLETH_OVERFLOW_POLICY='drop': no overflow policy by that name")
+    assert "block, drop-newest, drop-oldest" in message
+
+
+def test_unknown_capacity_provider_lists_the_installed_ones() -> None:
+    """An unknown provider name stops the gateway and lists what is installed."""
+    with pytest.raises(ConfigError, match=r"capacity_providers='vllm'.*installed: static"):
+        Gateway(Settings(capacity_providers=["static", "vllm"]), entry_points=False)
+
+
+def test_middleware_raises_config_errors_when_built() -> None:
+    """Adding the middleware with a bad environment fails at app startup, not per request."""
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("never reached")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OBLETH_MAX_QUEUE", "-3")
+        with pytest.raises(ConfigError, match="OBLETH_MAX_QUEUE=-3"):
+            GatewayMiddleware(app)  # type: ignore[arg-type]
