@@ -45,7 +45,9 @@ class Gateway:
             self.capacity = Capacity(list(self.providers.items()))
         except ProviderFailed as exc:
             plugin = self.plugins.plugin_of("capacity provider", exc.provider)
-            raise PluginError(plugin, str(exc)) from exc
+            raise PluginError(
+                plugin, str(exc), distribution=self.plugins.distribution_of(plugin)
+            ) from exc
         self.policy: OverflowPolicy = self.plugins.build(
             "overflow policy", self.settings.overflow_policy
         )
@@ -75,7 +77,9 @@ class Gateway:
                     except Exception as exc:
                         plugin = self.plugins.plugin_of("capacity provider", name)
                         raise PluginError(
-                            plugin, f"capacity provider {name!r} failed to start: {exc}"
+                            plugin,
+                            f"capacity provider {name!r} failed to start: {exc}",
+                            distribution=self.plugins.distribution_of(plugin),
                         ) from exc
             self._started = True
 

@@ -63,7 +63,10 @@ class _QuietServer(uvicorn.Server):
 
 
 def _bind(host: str) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto must say TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only
+    # when sock.proto == IPPROTO_TCP, and without it every response written in two parts
+    # (headers, then body) stalls ~40 ms on Nagle's algorithm meeting delayed ACKs.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     sock.listen(128)

@@ -10,6 +10,7 @@ both plugins, and hands the request path plain typed callables.
 from __future__ import annotations
 
 import importlib
+import inspect
 import importlib.metadata
 import logging
 import re
@@ -112,7 +113,7 @@ class Plugins:
             self._register(module, _builtin_name(module), ("obleth", _own_version()))
         for index, plugin in enumerate(extra):
             name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{index}"
-            self._register(plugin, name, ("(registered by the application)", ""))
+            self._register(plugin, name, _APPLICATION)
         if entry_points:
             self._load_entry_points()
         self._check_hook_names()
@@ -140,7 +141,7 @@ class Plugins:
             )
         try:
             self._pm.register(plugin, name=name)
-        except ValueError as exc:
+        except (ValueError, pluggy.PluginValidationError) as exc:
             raise PluginError(
                 name, f"could not be registered: {exc}", distribution=origin[0]
             ) from exc
@@ -168,9 +169,13 @@ class Plugins:
 
     def _check_hook_names(self) -> None:
         known = set(hookspecs.HOOK_NAMES)
-        for name, plugin in self._pm.list_name_plugin():
+        for name, plugin in self._registered():
             for attr in dir(plugin):
-                if attr.startswith("obleth_") and attr not in known:
+                if (
+                    attr.startswith("obleth_")
+                    and attr not in known
+                    and inspect.isroutine(getattr(plugin, attr, None))
+                ):
                     raise PluginError(
                         name,
                         f"implements {attr!r}, which is no Obleth hook; "
@@ -271,8 +276,9 @@ class Plugins:
     def describe(self) -> list[PluginInfo]:
         """Every registered plugin with its origin and what it offers, sorted by name."""
         result = []
-        for name, _ in sorted(self._pm.list_name_plugin()):
+        for name, _ in sorted(self._registered()):
             distribution, version = self._origin.get(name, ("unknown", ""))
+            distribution = distribution or "(the application)"
             provides: dict[str, list[str]] = {}
             for kind, offers in self._offers.items():
                 mine = sorted(n for n, offer in offers.items() if offer.plugin == name)
@@ -350,11 +356,23 @@ class Plugins:
 
     # -- naming -----------------------------------------------------------------------------
 
+    def _registered(self) -> list[tuple[str, object]]:
+        """Registered plugins; pluggy also lists blocked names, with None as the plugin."""
+        return [(n, p) for n, p in self._pm.list_name_plugin() if p is not None]
+
+    def distribution_of(self, plugin: str) -> str:
+        """``name version`` of the distribution a plugin came from, for messages."""
+        return self._dist(plugin)
+
     def _dist(self, plugin: str) -> str:
         return _dist_label(self._origin.get(plugin, ("unknown", "")))
 
 
+_APPLICATION: Final = ("", "")
+
+
 def _dist_label(origin: tuple[str, str]) -> str:
+    """``name version``; empty for plugins the application registered in code."""
     distribution, version = origin
     return f"{distribution} {version}".strip()
 

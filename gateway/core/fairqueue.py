@@ -6,10 +6,11 @@ urgent non-empty class, the next seat goes to the one with the smallest
 (an idle tenant cannot burst past its share later), no estimate of request duration,
 FIFO within a tenant, and no skipping past the chosen head when it does not fit.
 
-Each class keeps a heap of tenants keyed that way. A tenant's key changes whenever its
-seats in flight or its head change; instead of re-sorting, a fresh entry is pushed with a
-new version and older entries are skipped when they surface, so every decision costs
-O(log tenants) amortized.
+Each class keeps two heaps of its waiting tenants: by that dispatch key, and by load
+(``(seats in flight + queued) / weight``, heaviest first) for eviction. A tenant's keys
+change whenever its seats, its queue or its head change; instead of re-sorting, a fresh
+entry is pushed with a new version and older entries are skipped when they surface, so
+every decision costs O(log tenants) amortized. While nobody waits, none of this runs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,42 @@ from dataclasses import dataclass, field
 from gateway.core.tickets import PRIORITIES, Ticket
 
 _RANKS = range(len(PRIORITIES))
+
+
+class TenantHeap:
+    """Tenants ordered by a key that changes often.
+
+    ``set`` pushes a fresh entry and makes the tenant's older ones stale; stale entries are
+    dropped when they reach the top, and the heap is rebuilt when they pile up.
+    """
+
+    __slots__ = ("_heap", "_next", "_version")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[tuple[float, ...], int, str]] = []
+        self._version: dict[str, int] = {}
+        self._next = 0
+
+    def set(self, tenant: str, key: tuple[float, ...]) -> None:
+        self._next += 1
+        self._version[tenant] = self._next
+        heapq.heappush(self._heap, (key, self._next, tenant))
+        if len(self._heap) > 64 and len(self._heap) > 4 * len(self._version):
+            live = [e for e in self._heap if self._version.get(e[2]) == e[1]]
+            heapq.heapify(live)
+            self._heap = live
+
+    def discard(self, tenant: str) -> None:
+        self._version.pop(tenant, None)
+
+    def top(self) -> tuple[tuple[float, ...], str] | None:
+        heap, version = self._heap, self._version
+        while heap:
+            key, number, tenant = heap[0]
+            if version.get(tenant) == number:
+                return key, tenant
+            heapq.heappop(heap)
+        return None
 
 
 @dataclass(slots=True, eq=False)
@@ -62,9 +99,8 @@ class FairQueue:
         self._tenant_queued: dict[str, int] = {}
         self._rank_queued = [0 for _ in _RANKS]
         self._queues: list[dict[str, deque[Waiter]]] = [{} for _ in _RANKS]
-        self._heaps: list[list[tuple[float, int, int, str]]] = [[] for _ in _RANKS]
-        self._versions: list[dict[str, int]] = [{} for _ in _RANKS]
-        self._next_version = 0
+        self._ready = [TenantHeap() for _ in _RANKS]
+        self._heavy = [TenantHeap() for _ in _RANKS]
         self._next_order = 0
 
     # -- what policies and snapshots may read -------------------------------------------
@@ -97,6 +133,8 @@ class FairQueue:
 
     def waiting_at_or_above(self, rank: int) -> bool:
         """Whether anyone of class ``rank`` or more urgent is waiting (no barging past them)."""
+        if not self.queued:
+            return False
         return any(self._rank_queued[r] for r in range(rank + 1))
 
     def waiters(self) -> Iterator[Waiter]:
@@ -111,7 +149,7 @@ class FairQueue:
 
     def over_cap(self, ticket: Ticket) -> bool:
         """A tenant's cap counts its seats in flight and its queued seats."""
-        cap = self.cap(ticket.tenant)
+        cap = self._caps.get(ticket.tenant, self._default_cap)
         if cap is None:
             return False
         held = self.tenant_inflight(ticket.tenant) + self.tenant_queued(ticket.tenant)
@@ -136,8 +174,7 @@ class FairQueue:
         self.queued += 1
         self._rank_queued[rank] += 1
         self._tenant_queued[tenant] = self._tenant_queued.get(tenant, 0) + 1
-        if len(queue) == 1:
-            self._push(rank, tenant)
+        self._rekey(tenant)
         return waiter
 
     def remove(self, waiter: Waiter) -> bool:
@@ -151,32 +188,30 @@ class FairQueue:
         waiter.alive = False
         rank, tenant = waiter.ticket.rank, waiter.ticket.tenant
         self._forget_waiter(rank, tenant)
-        queue = self._queues[rank][tenant]
-        if queue[0] is waiter:
-            self._drop_dead_heads(rank, tenant, queue)
+        self._drop_dead_heads(rank, tenant)
+        self._rekey(tenant)
         return True
 
     def pop_grantable(self, limit: int) -> Waiter | None:
         """Grant the next waiter if its seats fit under ``limit``; None when nobody may go."""
+        if not self.queued:
+            return None
         for rank in _RANKS:
-            heap = self._heaps[rank]
-            versions = self._versions[rank]
-            while heap:
-                _, _, version, tenant = heap[0]
-                if versions.get(tenant) != version:
-                    heapq.heappop(heap)
-                    continue
-                queue = self._queues[rank][tenant]
-                head = queue[0]
-                if self.inflight + head.ticket.seats > limit:
-                    return None
-                heapq.heappop(heap)
-                queue.popleft()
-                head.alive = False
-                self._forget_waiter(rank, tenant)
-                self._drop_dead_heads(rank, tenant, queue)
-                self._add_inflight(tenant, head.ticket.seats)
-                return head
+            top = self._ready[rank].top()
+            if top is None:
+                continue
+            tenant = top[1]
+            queue = self._queues[rank][tenant]
+            head = queue[0]
+            if self.inflight + head.ticket.seats > limit:
+                return None
+            queue.popleft()
+            head.alive = False
+            self._forget_waiter(rank, tenant)
+            self._drop_dead_heads(rank, tenant)
+            self._count_inflight(tenant, head.ticket.seats)
+            self._rekey(tenant)
+            return head
         return None
 
     def eviction_victim(self, rank: int) -> Waiter | None:
@@ -185,17 +220,14 @@ class FairQueue:
         Heaviest means the largest ``(seats in flight + queued) / weight``; among that
         tenant's classes the least urgent one loses first.
         """
-        best: tuple[float, int, str] | None = None
-        for tenant, queued in self._tenant_queued.items():
-            if not any(self._queues[r].get(tenant) for r in range(rank, len(PRIORITIES))):
-                continue
-            load = (self.tenant_inflight(tenant) + queued) / self.weight(tenant)
-            key = (load, queued, tenant)
-            if best is None or key > best:
-                best = key
+        best: tuple[tuple[float, ...], str] | None = None
+        for r in range(rank, len(PRIORITIES)):
+            top = self._heavy[r].top()
+            if top is not None and (best is None or top < best):
+                best = top
         if best is None:
             return None
-        tenant = best[2]
+        tenant = best[1]
         for r in reversed(range(rank, len(PRIORITIES))):
             queue = self._queues[r].get(tenant)
             if queue:
@@ -205,15 +237,17 @@ class FairQueue:
     # -- bookkeeping ----------------------------------------------------------------------
 
     def _add_inflight(self, tenant: str, seats: int) -> None:
+        self._count_inflight(tenant, seats)
+        if self.queued:  # with nobody waiting there are no keys to update
+            self._rekey(tenant)
+
+    def _count_inflight(self, tenant: str, seats: int) -> None:
         self.inflight += seats
         held = self._tenant_inflight.get(tenant, 0) + seats
         if held:
             self._tenant_inflight[tenant] = held
         else:
             self._tenant_inflight.pop(tenant, None)
-        for rank in _RANKS:
-            if tenant in self._queues[rank]:
-                self._push(rank, tenant)
 
     def _forget_waiter(self, rank: int, tenant: str) -> None:
         self.queued -= 1
@@ -224,27 +258,24 @@ class FairQueue:
         else:
             del self._tenant_queued[tenant]
 
-    def _drop_dead_heads(self, rank: int, tenant: str, queue: deque[Waiter]) -> None:
+    def _drop_dead_heads(self, rank: int, tenant: str) -> None:
+        queue = self._queues[rank][tenant]
         while queue and not queue[0].alive:
             queue.popleft()
-        if queue:
-            self._push(rank, tenant)
-        else:
+        if not queue:
             del self._queues[rank][tenant]
-            self._versions[rank].pop(tenant, None)
 
-    def _push(self, rank: int, tenant: str) -> None:
-        head = self._queues[rank][tenant][0]
-        key = (self.tenant_inflight(tenant) + head.ticket.seats) / self.weight(tenant)
-        self._next_version += 1
-        self._versions[rank][tenant] = self._next_version
-        heap = self._heaps[rank]
-        heapq.heappush(heap, (key, head.order, self._next_version, tenant))
-        if len(heap) > 64 and len(heap) > 4 * len(self._queues[rank]):
-            self._compact(rank)
-
-    def _compact(self, rank: int) -> None:
-        versions = self._versions[rank]
-        heap = [entry for entry in self._heaps[rank] if versions.get(entry[3]) == entry[2]]
-        heapq.heapify(heap)
-        self._heaps[rank] = heap
+    def _rekey(self, tenant: str) -> None:
+        """Re-file ``tenant`` in every class's heaps after its seats or queue changed."""
+        inflight = self._tenant_inflight.get(tenant, 0)
+        weight = self._weights.get(tenant, self._default_weight)
+        load = (inflight + self._tenant_queued.get(tenant, 0)) / weight
+        for rank in _RANKS:
+            queue = self._queues[rank].get(tenant)
+            if queue is None:
+                self._ready[rank].discard(tenant)
+                self._heavy[rank].discard(tenant)
+                continue
+            head = queue[0]
+            self._ready[rank].set(tenant, ((inflight + head.ticket.seats) / weight, head.order))
+            self._heavy[rank].set(tenant, (-load, -len(queue)))

@@ -8,9 +8,8 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from starlette.types import Message, Receive, Scope, Send
-
-from gateway.sim.engine import EngineStopped, Generation, SimEngine
+from gateway.sim.engine import SimEngine
+from gateway.sim.generation import EngineStopped, Generation
 from gateway.sim.stats import SimStats
 from gateway.sim.wire import (
     CompletionRequest,
@@ -26,6 +25,7 @@ from gateway.sim.wire import (
     usage_body,
     usage_chunk_body,
 )
+from gateway.types import Message, Receive, Scope, Send
 
 FAIL_HEADER = b"x-sim-fail"
 """Request header asking for an error answer: its value is the status (400-599)."""

@@ -6,21 +6,13 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Literal
 
-from gateway.errors import OblethError
 from gateway.sim.config import SimConfig
+from gateway.sim.generation import EngineStopped, Generation
 from gateway.sim.prefixcache import PrefixCache
 from gateway.sim.tokens import TokenizedPrompt, filler_token, tokenize
 
 logger = logging.getLogger(__name__)
-
-GenerationState = Literal["waiting", "running", "finished", "cancelled", "aborted"]
-
-
-class EngineStopped(OblethError):
-    """The engine stopped before a generation finished; its token stream ends with this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,157 +35,6 @@ class EngineStats:
     """Generations withdrawn by their consumer before finishing."""
     steps: int
     """Engine steps run."""
-
-
-class Generation:
-    """One request submitted to a `SimEngine`: an async iterator over its output tokens.
-
-    Iterating yields each token's text as soon as the step that produced it ends, and
-    stops after `max_tokens` tokens. The consumer must either iterate to the end or
-    withdraw the request with `cancel()` / `aclose()` / leaving `async with`; a consumer
-    task cancelled while awaiting the next token withdraws it automatically. Withdrawing
-    frees the request's queue position or batch slot immediately. If the engine stops
-    first, iteration raises `EngineStopped`.
-
-    Times are seconds on the event loop's clock (`loop.time()`); prefer the durations
-    `queued_s` and `ttft_s`.
-    """
-
-    def __init__(
-        self, engine: SimEngine, seq_id: int, prompt: TokenizedPrompt, max_tokens: int, now: float
-    ) -> None:
-        self._engine = engine
-        self._seq_id = seq_id
-        self._prompt = prompt
-        self._max_tokens = max_tokens
-        self._state: GenerationState = "waiting"
-        self._cached_prompt_tokens = 0
-        self._completion_tokens = 0
-        self._submitted_at = now
-        self._admitted_at: float | None = None
-        self._first_token_at: float | None = None
-        self._finished_at: float | None = None
-        # None marks the end of the stream; the engine never blocks on a slow consumer.
-        self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
-        self._error: EngineStopped | None = None
-        self._drained = False
-
-    @property
-    def state(self) -> GenerationState:
-        """Where the request is: waiting, running, or ended (finished/cancelled/aborted)."""
-        return self._state
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Prompt length in tokens."""
-        return self._prompt.num_tokens
-
-    @property
-    def cached_prompt_tokens(self) -> int:
-        """Prompt tokens served from the prefix cache; 0 until admitted."""
-        return self._cached_prompt_tokens
-
-    @property
-    def max_tokens(self) -> int:
-        """Tokens this generation produces if it runs to the end."""
-        return self._max_tokens
-
-    @property
-    def completion_tokens(self) -> int:
-        """Tokens produced so far (possibly not yet consumed)."""
-        return self._completion_tokens
-
-    @property
-    def submitted_at(self) -> float:
-        """Loop time of `submit()`."""
-        return self._submitted_at
-
-    @property
-    def admitted_at(self) -> float | None:
-        """Loop time the request left the waiting queue for a batch slot."""
-        return self._admitted_at
-
-    @property
-    def first_token_at(self) -> float | None:
-        """Loop time the step producing the first token ended."""
-        return self._first_token_at
-
-    @property
-    def finished_at(self) -> float | None:
-        """Loop time the last token was produced, or the request was withdrawn or aborted."""
-        return self._finished_at
-
-    @property
-    def queued_s(self) -> float | None:
-        """Seconds spent waiting for a batch slot; None while still waiting."""
-        if self._admitted_at is None:
-            return None
-        return self._admitted_at - self._submitted_at
-
-    @property
-    def ttft_s(self) -> float | None:
-        """Seconds from submit to the end of the step that produced the first token."""
-        if self._first_token_at is None:
-            return None
-        return self._first_token_at - self._submitted_at
-
-    def cancel(self) -> None:
-        """Withdraw the request from the queue or batch now; no effect once it has ended."""
-        self._engine._withdraw(self)
-
-    async def aclose(self) -> None:
-        """Same as `cancel()`, for `contextlib.aclosing` and async-generator-like use."""
-        self.cancel()
-
-    async def __aenter__(self) -> Generation:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cancel()
-
-    def __aiter__(self) -> Generation:
-        return self
-
-    async def __anext__(self) -> str:
-        if self._drained:
-            raise StopAsyncIteration
-        try:
-            token = await self._outbox.get()
-        except asyncio.CancelledError:
-            # The consumer is gone (typically its client disconnected): give the slot back
-            # now rather than decoding tokens nobody will read.
-            self.cancel()
-            raise
-        if token is None:
-            self._drained = True
-            if self._error is not None:
-                raise self._error
-            raise StopAsyncIteration
-        return token
-
-    # Transitions, driven by the engine only.
-
-    def _admit(self, now: float, cached_tokens: int) -> None:
-        self._state = "running"
-        self._admitted_at = now
-        self._cached_prompt_tokens = cached_tokens
-
-    def _emit(self, token: str, now: float) -> None:
-        if self._first_token_at is None:
-            self._first_token_at = now
-        self._completion_tokens += 1
-        self._outbox.put_nowait(token)
-
-    def _end(self, state: GenerationState, now: float, error: EngineStopped | None = None) -> None:
-        self._state = state
-        self._finished_at = now
-        self._error = error
-        self._outbox.put_nowait(None)
 
 
 class SimEngine:
@@ -291,7 +132,8 @@ class SimEngine:
             prompt = self.tokenize(prompt)
         wakeup = self._ensure_started()
         seq_id = next(self._seq_ids)
-        generation = Generation(self, seq_id, prompt, max_tokens, asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        generation = Generation(seq_id, prompt, max_tokens, now, self._withdraw)
         self._waiting[seq_id] = generation
         wakeup.set()
         return generation
@@ -372,11 +214,11 @@ class SimEngine:
         while self._waiting and len(self._running) < self._config.max_num_seqs:
             seq_id = next(iter(self._waiting))
             generation = self._waiting.pop(seq_id)
-            hit_blocks = self._prefix_cache.lookup_and_insert(generation._prompt.block_hashes)
+            hit_blocks = self._prefix_cache.lookup_and_insert(generation.prompt.block_hashes)
             # The last prompt token is always computed, as in vLLM: its logits produce the
             # first output token, so a fully cached prompt still costs one token of prefill.
             cached = min(hit_blocks * block, generation.prompt_tokens - 1)
-            generation._admit(now, cached)
+            generation.mark_admitted(now, cached)
             self._query_tokens += generation.prompt_tokens
             self._hit_tokens += cached
             uncached += generation.prompt_tokens - cached
@@ -388,18 +230,18 @@ class SimEngine:
         chars_per_token = self._config.chars_per_token
         for seq_id, generation in list(self._running.items()):
             token = filler_token(generation.completion_tokens, chars_per_token=chars_per_token)
-            generation._emit(token, now)
+            generation.emit(token, now)
             if generation.completion_tokens >= generation.max_tokens:
                 del self._running[seq_id]
-                generation._end("finished", now)
+                generation.end("finished", now)
                 self._finished += 1
 
     def _withdraw(self, generation: Generation) -> None:
-        seq_id = generation._seq_id
+        seq_id = generation.seq_id
         if self._waiting.pop(seq_id, None) is None and self._running.pop(seq_id, None) is None:
             return
         self._cancelled += 1
-        generation._end("cancelled", _loop_time_or(generation.submitted_at))
+        generation.end("cancelled", _loop_time_or(generation.submitted_at))
 
     def _abort_all(self, now: float) -> None:
         pending = [*self._running.values(), *self._waiting.values()]
@@ -407,7 +249,7 @@ class SimEngine:
         self._waiting.clear()
         for generation in pending:
             error = EngineStopped("the simulated engine stopped before this request finished")
-            generation._end("aborted", now, error)
+            generation.end("aborted", now, error)
 
 
 def _loop_time_or(default: float) -> float:

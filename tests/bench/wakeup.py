@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -33,6 +34,8 @@ TICKET = Ticket(tenant="t")
 def summary(samples: list[float]) -> dict[str, float]:
     """p50 / p99 / max of samples given in seconds, in microseconds (nearest rank)."""
     ordered = sorted(samples)
+    if not ordered:
+        return {"samples": 0, "p50_us": math.nan, "p99_us": math.nan, "max_us": math.nan}
 
     def at(fraction: float) -> float:
         return ordered[max(1, math.ceil(fraction * len(ordered))) - 1] * 1e6
@@ -117,6 +120,7 @@ async def gateway_loaded(
     grant_times: deque[float] = deque()
     latencies: list[float] = []
     stop = False
+    enough = asyncio.Event()
 
     async def worker() -> None:
         nonlocal holding, waiting
@@ -129,6 +133,8 @@ async def gateway_loaded(
             permit = await scheduler.acquire(TICKET)
             if queued:
                 latencies.append(time.perf_counter() - grant_times.popleft())
+                if len(latencies) >= warmup + samples:
+                    enough.set()
             await asyncio.sleep(rng.uniform(0.001, 0.005))
             if waiting:
                 waiting -= 1  # the seat passes straight to the head of the queue
@@ -138,9 +144,8 @@ async def gateway_loaded(
             permit.release()
 
     tasks = [asyncio.create_task(worker()) for _ in range(limit + waiters)]
-    deadline = time.perf_counter() + max_seconds
-    while len(latencies) < warmup + samples and time.perf_counter() < deadline:
-        await asyncio.sleep(0.05)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(enough.wait(), max_seconds)
     stop = True
     _, late = await asyncio.wait(tasks, timeout=10)
     if late:

@@ -71,6 +71,15 @@ class FairQueueMachine(RuleBasedStateMachine):
     def arrive(self, tenant: str, priority: str, action: OverflowAction) -> None:
         ticket = Ticket(tenant, priority)  # type: ignore[arg-type]
         someone_ahead = any(w.ticket.rank <= ticket.rank for w in self.waiting)
+        loads = {
+            w.ticket.tenant: (
+                self.queue.tenant_inflight(w.ticket.tenant)
+                + self.queue.tenant_queued(w.ticket.tenant)
+            )
+            / WEIGHTS[w.ticket.tenant]
+            for w in self.waiting
+            if w.ticket.rank >= ticket.rank
+        }
 
         def policy(view: QueueView, t: Ticket) -> OverflowAction:
             return action
@@ -84,8 +93,13 @@ class FairQueueMachine(RuleBasedStateMachine):
         elif isinstance(verdict, Queued):
             assert priority != "background", "background must never wait"
             if verdict.evicted is not None:
-                assert verdict.evicted.ticket.rank >= ticket.rank, "evicted a more urgent waiter"
-                self.waiting.remove(verdict.evicted)
+                victim = verdict.evicted
+                assert victim.ticket.rank >= ticket.rank, "evicted a more urgent waiter"
+                assert loads[victim.ticket.tenant] == max(loads.values()), "not the heaviest"
+                mine = [w for w in self.waiting if w.ticket.tenant == victim.ticket.tenant]
+                same_class = [w for w in mine if w.ticket.rank == victim.ticket.rank]
+                assert victim.order == min(w.order for w in same_class), "not its oldest"
+                self.waiting.remove(victim)
             self.waiting.append(verdict.waiter)
         else:
             assert isinstance(verdict, Refused)

@@ -246,14 +246,32 @@ def test_disabling_a_builtin_removes_its_policy() -> None:
         )
 
 
-@pytest.mark.xfail(
-    reason="Plugins.describe() lists blocked names: pluggy keeps them as (name, None) pairs",
-)
 def test_disabled_plugin_is_not_described() -> None:
     """A disabled plugin is absent from `describe()` (and so from `obleth plugins`)."""
     plugins = facade(disable_plugins=["overflow-drop-oldest"])
 
     assert "overflow-drop-oldest" not in {info.name for info in plugins.describe()}
+
+
+def test_hook_with_an_unknown_argument_is_a_named_plugin_error() -> None:
+    """A hook function asking for an argument the hook does not have names its plugin."""
+
+    @hookimpl
+    def obleth_classify_request(header: dict[str, str]) -> None:
+        return None
+
+    with pytest.raises(PluginError, match="'typo-args'.*could not be registered"):
+        facade(plugin("typo-args", obleth_classify_request=obleth_classify_request))
+
+
+def test_imported_module_named_like_a_hook_is_not_mistaken_for_one() -> None:
+    """A plugin may import a package called obleth_something; only functions are checked."""
+    import types as pytypes
+
+    helper_module = pytypes.ModuleType("obleth_acme_helpers")
+    plugins = facade(plugin("acme", obleth_acme_helpers=helper_module))
+
+    assert "acme" in {info.name for info in plugins.describe()}
 
 
 # -- the request path -----------------------------------------------------------------------

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from gateway.sim import SimConfig, create_app
-from tests.servers import RunningServer, serve_in_task, serve_in_thread
+from gateway.loopback import RunningServer, serve_in_task, serve_in_thread
 
 pytestmark = pytest.mark.anyio
 

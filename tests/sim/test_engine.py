@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.sim import SimConfig, SimEngine
-from gateway.sim.engine import EngineStopped, Generation
+from gateway.sim.generation import EngineStopped, Generation
 
 pytestmark = pytest.mark.anyio
 
