@@ -10,8 +10,8 @@ both plugins, and hands the request path plain typed callables.
 from __future__ import annotations
 
 import importlib
-import inspect
 import importlib.metadata
+import inspect
 import logging
 import re
 import time

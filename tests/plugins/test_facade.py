@@ -260,7 +260,7 @@ def test_hook_with_an_unknown_argument_is_a_named_plugin_error() -> None:
     def obleth_classify_request(header: dict[str, str]) -> None:
         return None
 
-    with pytest.raises(PluginError, match="'typo-args'.*could not be registered"):
+    with pytest.raises(PluginError, match=r"'typo-args'.*could not be registered"):
         facade(plugin("typo-args", obleth_classify_request=obleth_classify_request))
 
 

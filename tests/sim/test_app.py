@@ -12,8 +12,8 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from gateway.sim import SimConfig, create_app
 from gateway.loopback import RunningServer, serve_in_task, serve_in_thread
+from gateway.sim import SimConfig, create_app
 
 pytestmark = pytest.mark.anyio
 
