@@ -23,7 +23,7 @@ from typing import Any, Final, Literal, cast
 import pluggy
 
 from gateway import hookspecs
-from gateway.builtin import DEFAULT_PLUGINS
+from gateway.builtin import DEFAULT_PLUGINS, classifier
 from gateway.errors import BadRequest, ConfigError, PluginError
 from gateway.protocols import (
     CapacityProvider,
@@ -39,6 +39,7 @@ from gateway.types import Scope
 log = logging.getLogger("obleth.plugins")
 
 ENTRY_POINT_GROUP: Final = "obleth"
+_BUILTIN_CLASSIFIER: Final = "classifier"
 _NAME = re.compile(r"^[a-z0-9]+(?:[-.][a-z0-9]+)*$")
 
 Kind = Literal["capacity provider", "overflow policy", "routing scorer"]
@@ -125,6 +126,17 @@ class Plugins:
         self._on_rejected = self._impls("obleth_request_rejected")
         self._on_finished = self._impls("obleth_request_finished")
         self._last_complaint: dict[str, float] = {}
+        #: whether any classifier reads the body (only then does the middleware read it)
+        self.wants_body = any("body" in impl.argnames for impl in self._classifiers)
+        #: whether any plugin observes requests (else the middleware skips the bookkeeping)
+        self.observes = bool(self._on_admitted or self._on_rejected or self._on_finished)
+        # with the built-in classifier alone, decode only the headers it reads
+        self._builtin_only = [impl.plugin for impl in self._classifiers] == [_BUILTIN_CLASSIFIER]
+        self._header_names: frozenset[bytes] | None = None
+        if self._builtin_only:
+            self._header_names = frozenset(
+                name.encode("latin-1") for name in classifier.headers_read(settings)
+            )
 
     # -- startup ----------------------------------------------------------------------------
 
@@ -294,10 +306,20 @@ class Plugins:
 
     # -- the request path -------------------------------------------------------------------
 
+    def headers_of(self, scope: Scope) -> dict[str, str]:
+        """The request headers classifiers get: all of them, or only those the built-in
+        classifier reads when it is the only one."""
+        names = self._header_names
+        if names is None:
+            return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in names}
+
     def classify(
         self, scope: Scope, headers: Mapping[str, str], body: bytes | None
     ) -> Classification | None:
         """The first plugin's answer; a plugin that raises is logged and skipped."""
+        if self._builtin_only:
+            return classifier.obleth_classify_request(headers, self.settings)
         arguments = {"scope": scope, "headers": headers, "body": body, "settings": self.settings}
         for impl in self._classifiers:
             try:
@@ -313,10 +335,6 @@ class Plugins:
                 return answer
             self._complain(impl.plugin, "obleth_classify_request", f"returned {answer!r}")
         return None
-
-    @property
-    def observes(self) -> bool:
-        return bool(self._on_admitted or self._on_rejected or self._on_finished)
 
     def admitted(self, request: RequestInfo, wait_s: float) -> None:
         self._notify(

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from gateway.core.admission import OverflowAction, QueueView
+from gateway.core.permit import ReleaseOnce
 from gateway.core.tickets import Priority, Ticket
 
 if TYPE_CHECKING:
@@ -63,8 +64,7 @@ class RoutingScorer(Protocol):
 Factory = Callable[["Settings"], object]
 
 
-@dataclass(frozen=True, slots=True)
-class Classification:
+class Classification(NamedTuple):
     """What ``obleth_classify_request`` answers: who sends a request and how urgent it is.
 
     ``tenant`` is used as a key and a label: never a raw credential. ``routing_key`` and
@@ -90,20 +90,44 @@ class RequestInfo:
 # -- the counter backend: where seats are counted (in-process now, Redis in cluster mode) --
 
 
-@dataclass(slots=True, eq=False)
-class Lease:
-    """Seats granted to one request. ``token`` identifies it to its backend."""
+class PermitOwner(Protocol):
+    """Who takes a permit's seats back: the scheduler that handed it out."""
 
-    ticket: Ticket
-    token: object = None
+    def _release(self, permit: Permit) -> None: ...
+
+
+class Permit(ReleaseOnce):
+    """Seats granted to one request; ``release()`` counts once, whoever calls it.
+
+    A backend creates it (``token`` identifies the grant to that backend); the scheduler
+    that hands it out becomes its owner. ``waited_s`` is the time spent queued.
+    """
+
+    __slots__ = ("owner", "ticket", "token", "waited_s")
+
+    def __init__(self, ticket: Ticket, token: object = None) -> None:
+        self.released = False
+        self.ticket = ticket
+        self.token = token
+        self.waited_s = 0.0
+        self.owner: PermitOwner | None = None
+
+    def release(self) -> bool:
+        """Give the seats back; True for the one call that did, False for any other."""
+        if self.released:
+            return False
+        self.released = True
+        if self.owner is not None:
+            self.owner._release(self)
+        return True
 
 
 @dataclass(slots=True, eq=False)
 class Pending:
-    """A request waiting for seats; ``future`` resolves to its Lease, or raises Rejected."""
+    """A request waiting for seats; ``future`` resolves to its Permit, or raises Rejected."""
 
     ticket: Ticket
-    future: asyncio.Future[Lease]
+    future: asyncio.Future[Permit]
     token: object = None
 
 
@@ -131,10 +155,13 @@ class CounterBackend(Protocol):
     The in-process backend is the default; the Redis backend makes one budget and one
     queue for every pod. Contract, for both:
 
-    - ``acquire`` returns a Lease when seats are free now, a Pending when the request
+    - ``try_acquire_now`` is the fast path, called first and synchronously: a Permit when
+      seats are free now and nobody waits, else None (then ``acquire`` decides). A backend
+      that cannot answer without I/O always returns None.
+    - ``acquire`` returns a Permit when seats are free now, a Pending when the request
       waits, or raises ``Rejected``. It reads the limit on every call.
     - ``release`` gives seats back exactly as often as it is called; it never blocks and
-      never raises (the caller guarantees one call per Lease).
+      never raises (the caller guarantees one call per Permit).
     - ``cancel`` means the waiter gave up: the backend will not grant it, and if it had
       already granted it (even if the grant has not reached this pod yet) it takes the
       seats back itself.
@@ -143,8 +170,9 @@ class CounterBackend(Protocol):
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
-    async def acquire(self, ticket: Ticket) -> Lease | Pending: ...
-    def release(self, lease: Lease) -> None: ...
+    def try_acquire_now(self, ticket: Ticket) -> Permit | None: ...
+    async def acquire(self, ticket: Ticket) -> Permit | Pending: ...
+    def release(self, permit: Permit) -> None: ...
     def cancel(self, pending: Pending) -> None: ...
     def limit_changed(self) -> None: ...
     def snapshot(self) -> Snapshot: ...

@@ -1,9 +1,10 @@
-"""The one gate: every admission-controlled request passes through ``Scheduler.acquire``.
+"""The one gate: every admission-controlled request passes through the ``Scheduler``.
 
-The scheduler drives a counter backend: it waits for a grant without polling, gives up on
-queue timeout or client disconnect, and hands out permits that release exactly once.
-A grant that races with a timeout or a disconnect is never lost: the backend hands those
-seats to the next waiter.
+The scheduler drives a counter backend. ``try_acquire`` is the synchronous fast path for
+a request that finds a free seat and nobody waiting; ``acquire`` is the full path: it waits
+for a grant without polling, gives up on queue timeout or client disconnect, and counts
+rejections. A grant that races with a timeout or a disconnect is never lost: the backend
+hands those seats to the next waiter.
 """
 
 from __future__ import annotations
@@ -14,41 +15,23 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from gateway.backends.memory import rejection
-from gateway.core.permit import ReleaseOnce
 from gateway.core.tickets import Ticket
 from gateway.errors import Disconnected, Rejected
-from gateway.protocols import CounterBackend, Lease, Pending
+from gateway.protocols import CounterBackend, Pending, Permit
 from gateway.settings import Settings
 
 #: Resolves to True when the client went away, False when it can no longer tell.
 DisconnectWatch = Callable[[], Awaitable[bool]]
 
-
-class Permit:
-    """Seats held by one admitted request. ``release()`` counts once, whoever calls it."""
-
-    __slots__ = ("_backend", "_once", "_scheduler", "lease", "waited_s")
-
-    def __init__(self, lease: Lease, scheduler: Scheduler, waited_s: float) -> None:
-        self.lease = lease
-        self.waited_s = waited_s
-        self._scheduler = scheduler
-        self._once = ReleaseOnce()
-
-    @property
-    def released(self) -> bool:
-        return self._once.released
-
-    def release(self) -> bool:
-        """Give the seats back; True for the one call that did, False for any other."""
-        if not self._once.claim():
-            return False
-        self._scheduler._release(self.lease)
-        return True
+__all__ = ["DisconnectWatch", "Permit", "Scheduler"]
 
 
 class Scheduler:
-    """Admits requests through one counter backend; see the module docstring."""
+    """Admits requests through one counter backend; see the module docstring.
+
+    ``admitted``, ``released`` and ``rejected`` count what happened, so that tests and
+    operators can check that every permit handed out came back exactly once.
+    """
 
     def __init__(self, backend: CounterBackend, settings: Settings) -> None:
         self.backend = backend
@@ -57,6 +40,14 @@ class Scheduler:
         self.admitted = 0
         self.released = 0
         self.rejected: Counter[str] = Counter()
+
+    def try_acquire(self, ticket: Ticket) -> Permit | None:
+        """A permit if seats are free now and nobody waits; else None (call ``acquire``)."""
+        permit = self.backend.try_acquire_now(ticket)
+        if permit is not None:
+            permit.owner = self
+            self.admitted += 1
+        return permit
 
     async def acquire(
         self, ticket: Ticket, *, disconnected: DisconnectWatch | None = None
@@ -69,12 +60,13 @@ class Scheduler:
         try:
             outcome = await self.backend.acquire(ticket)
             if isinstance(outcome, Pending):
-                return await self._wait(outcome, disconnected)
+                outcome = await self._wait(outcome, disconnected)
         except Rejected as exc:
             self.rejected[exc.reason] += 1
             raise
+        outcome.owner = self
         self.admitted += 1
-        return Permit(outcome, self, 0.0)
+        return outcome
 
     async def _wait(self, pending: Pending, disconnected: DisconnectWatch | None) -> Permit:
         loop = asyncio.get_running_loop()
@@ -84,7 +76,7 @@ class Scheduler:
         if disconnected is not None:
             watcher = loop.create_task(self._watch(pending, disconnected))
         try:
-            lease = await pending.future
+            permit = await pending.future
         except asyncio.CancelledError:
             # cancelled while waiting, or right after a grant reached us: either way the
             # backend takes the seats back
@@ -94,8 +86,8 @@ class Scheduler:
             timer.cancel()
             if watcher is not None:
                 watcher.cancel()
-        self.admitted += 1
-        return Permit(lease, self, loop.time() - started)
+        permit.waited_s = loop.time() - started
+        return permit
 
     def _expire(self, pending: Pending) -> None:
         if pending.future.done():
@@ -113,6 +105,6 @@ class Scheduler:
                 if not pending.future.done():
                     pending.future.set_exception(Disconnected())
 
-    def _release(self, lease: Lease) -> None:
+    def _release(self, permit: Permit) -> None:
         self.released += 1
-        self.backend.release(lease)
+        self.backend.release(permit)

@@ -12,7 +12,7 @@ import pytest
 from gateway import Gateway, Rejected, Settings, hookimpl
 from gateway.core.tickets import Ticket
 from gateway.errors import Disconnected
-from gateway.scheduler import Permit
+from gateway.protocols import Permit
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from gateway.asgi.body import RequestBody
 from gateway.asgi.lifespan import run_lifespan
@@ -20,7 +19,7 @@ from gateway.asgi.responses import send_bad_request, send_rejection
 from gateway.core.tickets import Ticket
 from gateway.errors import BadRequest, Disconnected, Rejected
 from gateway.gateway import Gateway
-from gateway.protocols import Classification, RequestInfo
+from gateway.protocols import Classification, Permit, RequestInfo
 from gateway.settings import Settings
 from gateway.types import ASGIApp, Receive, Scope, Send
 
@@ -58,64 +57,85 @@ class GatewayMiddleware:
         self._default = Classification(config.default_tenant, config.default_priority)
         self._plugins = self.gateway.plugins
         self._scheduler = self.gateway.scheduler
+        self._observes = self._plugins.observes
+        self._reads_body = self._plugins.wants_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
-        if kind == "http":
-            path: str = scope["path"]
-            if path not in self._exempt and not path.startswith(self._exempt_prefixes):
-                await self._admit_and_run(scope, receive, send)
-                return
-        elif kind == "lifespan":
+        if kind == "lifespan":
             await run_lifespan(self.gateway, self.app, scope, receive, send)
             return
-        await self.app(scope, receive, send)
-
-    async def _admit_and_run(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gateway = self.gateway
-        if not gateway.started:
-            await gateway.start()
-        headers = {
-            name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]
-        }
-        body = RequestBody(receive, self._max_body)
+        path = scope.get("path", "")
+        if kind != "http" or path in self._exempt or path.startswith(self._exempt_prefixes):
+            await self.app(scope, receive, send)
+            return
+        if not self.gateway.started:
+            await self.gateway.start()
+        # the fast path: classified from headers alone, a seat free and nobody waiting
+        plugins = self._plugins
+        body: RequestBody | None = None
+        payload = None
         try:
-            payload = await body.read() if _wants_body(scope, headers) else None
-            classification = self._plugins.classify(scope, headers, payload) or self._default
+            headers = plugins.headers_of(scope)
+            if self._reads_body and _has_json_body(scope, headers):
+                body = RequestBody(receive, self._max_body)
+                payload = await body.read()
+            classification = plugins.classify(scope, headers, payload) or self._default
         except BadRequest as exc:
             await send_bad_request(send, exc)
             return
         except Disconnected:
             return
-        observes = self._plugins.observes
-        info = (
-            RequestInfo(
-                classification.tenant, classification.priority, scope["method"], scope["path"]
-            )
-            if observes
-            else None
-        )
-        try:
-            permit = await self._scheduler.acquire(
-                Ticket(classification.tenant, classification.priority),
-                disconnected=body.watch_disconnect,
-            )
-        except Rejected as exc:
-            if info is not None:
-                self._plugins.rejected(info, exc.reason)
-            await send_rejection(send, exc)
-            return
-        except Disconnected:
-            return
-        if info is not None:
-            self._plugins.admitted(info, permit.waited_s)
-        state: dict[str, Any] = scope.setdefault("state", {})
+        ticket = Ticket(classification.tenant, classification.priority)
+        permit = self._scheduler.try_acquire(ticket)
+        if permit is None:
+            if body is None:
+                body = RequestBody(receive, self._max_body)
+            permit = await self._wait_for_seat(ticket, scope, body, send)
+            if permit is None:
+                return
+        elif self._observes:
+            plugins.admitted(_info(ticket, scope), 0.0)
+        state = scope.get("state")
+        if state is None:
+            state = scope["state"] = {}
         state["obleth"] = {
-            "tenant": classification.tenant,
-            "priority": classification.priority,
+            "tenant": ticket.tenant,
+            "priority": ticket.priority,
             "waited_s": permit.waited_s,
         }
-        started = time.monotonic() if observes else 0.0
+        if not self._observes:
+            try:
+                await self.app(scope, receive if body is None else body.replay, send)
+            finally:
+                permit.release()
+            return
+        await self._run_observed(scope, receive, send, body, permit)
+
+    async def _wait_for_seat(
+        self, ticket: Ticket, scope: Scope, body: RequestBody, send: Send
+    ) -> Permit | None:
+        """The full path: queue, or answer 503/429; None when nobody is left to serve."""
+        try:
+            permit = await self._scheduler.acquire(ticket, disconnected=body.watch_disconnect)
+        except Rejected as exc:
+            if self._observes:
+                self._plugins.rejected(_info(ticket, scope), exc.reason)
+            await send_rejection(send, exc)
+            return None
+        except Disconnected:
+            return None
+        if self._observes:
+            self._plugins.admitted(_info(ticket, scope), permit.waited_s)
+        return permit
+
+    async def _run_observed(
+        self, scope: Scope, receive: Receive, send: Send, body: RequestBody | None, permit: Permit
+    ) -> None:
+        """Run the app and tell observers how it ended (completed, error or cancelled)."""
+        if body is None:
+            body = RequestBody(receive, self._max_body)
+        started = time.monotonic()
         outcome = "error"
         try:
             await self.app(scope, body.replay, send)
@@ -125,12 +145,15 @@ class GatewayMiddleware:
             raise
         finally:
             permit.release()
-            if info is not None:
-                self._plugins.finished(info, time.monotonic() - started, outcome)
+            self._plugins.finished(_info(permit.ticket, scope), time.monotonic() - started, outcome)
 
 
-def _wants_body(scope: Scope, headers: dict[str, str]) -> bool:
-    """JSON bodies are read for classification; anything else streams to the app as is."""
+def _info(ticket: Ticket, scope: Scope) -> RequestInfo:
+    return RequestInfo(ticket.tenant, ticket.priority, scope["method"], scope["path"])
+
+
+def _has_json_body(scope: Scope, headers: dict[str, str]) -> bool:
+    """JSON bodies are read for classifiers that ask; anything else streams to the app."""
     return scope["method"] in _BODY_METHODS and headers.get("content-type", "").startswith(
         "application/json"
     )

@@ -13,7 +13,7 @@ from gateway.core.admission import Granted, Queued, admit, dispatch
 from gateway.core.fairqueue import FairQueue, Waiter
 from gateway.core.tickets import Ticket
 from gateway.errors import Rejected
-from gateway.protocols import Lease, OverflowPolicy, Pending, Snapshot, TenantState
+from gateway.protocols import OverflowPolicy, Pending, Permit, Snapshot, TenantState
 from gateway.settings import Settings
 
 _MESSAGES = {
@@ -60,23 +60,31 @@ class MemoryBackend:
             self._queue.remove(waiter)
             _fail(waiter, rejection("queue_full", self._settings))
 
-    async def acquire(self, ticket: Ticket) -> Lease | Pending:
+    def try_acquire_now(self, ticket: Ticket) -> Permit | None:
+        queue = self._queue
+        if queue.queued or queue.inflight + ticket.seats > self._limit() or queue.over_cap(ticket):
+            return None
+        queue.take(ticket)
+        return Permit(ticket)
+
+    async def acquire(self, ticket: Ticket) -> Permit | Pending:
         loop = self._loop or asyncio.get_running_loop()
         verdict = admit(self._queue, ticket, self._limit(), self._decide, now=loop.time())
         if isinstance(verdict, Granted):
-            return Lease(ticket)
+            return Permit(ticket)
         if isinstance(verdict, Queued):
             # nothing can dispatch between admit() and here: the handle is set in time
-            future: asyncio.Future[Lease] = loop.create_future()
+            future: asyncio.Future[Permit] = loop.create_future()
             verdict.waiter.handle = future
             if verdict.evicted is not None:
                 _fail(verdict.evicted, rejection("evicted", self._settings))
             return Pending(ticket, future, verdict.waiter)
         raise rejection(verdict.reason, self._settings)
 
-    def release(self, lease: Lease) -> None:
-        self._queue.release(lease.ticket)
-        self._dispatch()
+    def release(self, permit: Permit) -> None:
+        self._queue.release(permit.ticket)
+        if self._queue.queued:
+            self._dispatch()
 
     def cancel(self, pending: Pending) -> None:
         waiter = pending.token
@@ -120,7 +128,7 @@ class MemoryBackend:
                     self._queue.release(waiter.ticket)
                     handed_back = True
                     continue
-                future.set_result(Lease(waiter.ticket))
+                future.set_result(Permit(waiter.ticket))
 
 
 def _fail(waiter: Waiter, error: Rejected) -> None:

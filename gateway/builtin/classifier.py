@@ -12,14 +12,28 @@ from gateway.hookimpl import hookimpl
 from gateway.protocols import Classification
 from gateway.settings import Settings
 
+_KEY_HASH = hashlib.blake2b(digest_size=8, person=b"obleth-tenant")
+KEY_HEADERS = ("authorization", "x-api-key", "api-key")
+
 
 def tenant_of_key(api_key: str) -> str:
     """A stable, non-reversible tenant id for an API key; the key itself is never kept.
 
     Equal keys give equal ids in every process and on every pod.
     """
-    digest = hashlib.blake2b(api_key.encode(), digest_size=8, person=b"obleth-tenant").hexdigest()
-    return f"key-{digest}"
+    hasher = _KEY_HASH.copy()  # cheaper than building a personalised hasher each time
+    hasher.update(api_key.encode())
+    return "key-" + hasher.hexdigest()
+
+
+def headers_read(settings: Settings) -> frozenset[str]:
+    """The request headers this classifier looks at, so callers can decode just those."""
+    names = set(KEY_HEADERS)
+    if settings.tenant_header is not None:
+        names.add(settings.tenant_header)
+    if settings.trust_priority_header:
+        names.add(settings.priority_header)
+    return frozenset(names)
 
 
 def api_key_of(headers: Mapping[str, str]) -> str | None:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
-
-@dataclass(slots=True)
 class ReleaseOnce:
     """Turns any number of release attempts into exactly one effective release.
 
@@ -14,7 +11,10 @@ class ReleaseOnce:
     winner gives the seats back.
     """
 
-    released: bool = field(default=False)
+    __slots__ = ("released",)
+
+    def __init__(self) -> None:
+        self.released = False
 
     def claim(self) -> bool:
         if self.released:

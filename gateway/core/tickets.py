@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Final, Literal, NamedTuple, get_args
 
 Priority = Literal["critical", "standard", "background"]
 
@@ -17,9 +16,9 @@ PRIORITY_RANK: Final[dict[str, int]] = {name: rank for rank, name in enumerate(P
 NO_WAIT_RANK: Final[int] = PRIORITY_RANK["background"]
 
 
-@dataclass(frozen=True, slots=True)
-class Ticket:
-    """One request asking for seats; immutable once classified."""
+class Ticket(NamedTuple):
+    """One request asking for seats; immutable once classified (a tuple: cheap to build
+    on every request)."""
 
     tenant: str
     priority: Priority = "standard"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway import GatewayMiddleware, Settings
+from gateway import Classification, GatewayMiddleware, Settings, hookimpl
 from gateway.builtin.classifier import tenant_of_key
 from gateway.types import Message, Receive, Scope, Send
 from tests.asgi.conftest import Client, http_scope
@@ -46,16 +46,47 @@ def json_headers(**extra: str) -> dict[str, str]:
     return {"content-type": "application/json", **extra}
 
 
+class ModelClassifier:
+    """A plugin that reads the body: the tenant is the requested model."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes | None] = []
+
+    @hookimpl
+    def obleth_classify_request(self, body: bytes | None) -> Classification | None:
+        self.bodies.append(body)
+        if not body:
+            return None
+        return Classification(tenant=json.loads(body)["model"])
+
+
 def test_json_body_reaches_the_app_byte_for_byte() -> None:
     """The body read for classification is replayed unchanged, however it was chunked."""
     body = json.dumps({"model": "m", "prompt": "x" * 5000}).encode()
 
     async def scenario() -> None:
         app = Echo()
-        gw = GatewayMiddleware(app, Settings())
+        classifier = ModelClassifier()
+        gw = GatewayMiddleware(app, Settings(), plugins=[classifier])
         client = Client(body=body, chunks=7)
         await gw(http_scope(headers=json_headers()), client.receive, client.send)
+        assert classifier.bodies == [body]
         assert app.bodies == [body] and client.text == body
+        assert app.states[0]["tenant"] == "m"
+
+    run(scenario)
+
+
+def test_body_is_not_read_when_no_classifier_asks_for_it() -> None:
+    """With the built-in classifier alone the body streams to the app, never buffered."""
+    body = json.dumps({"prompt": "y" * 1000}).encode()
+
+    async def scenario() -> None:
+        app = Echo()
+        gw = GatewayMiddleware(app, Settings(max_body_bytes=10))
+        client = Client(body=body, chunks=5)
+        await gw(http_scope(headers=json_headers()), client.receive, client.send)
+        assert client.status == 200 and app.bodies == [body]
 
     run(scenario)
 
@@ -80,8 +111,8 @@ def test_json_body_over_the_bound_gets_413_with_a_json_error() -> None:
 
     async def scenario() -> None:
         app = Echo()
-        gw = GatewayMiddleware(app, Settings(max_body_bytes=100))
-        client = Client(body=b'{"prompt": "' + b"x" * 500 + b'"}', chunks=4)
+        gw = GatewayMiddleware(app, Settings(max_body_bytes=100), plugins=[ModelClassifier()])
+        client = Client(body=b'{"model": "m", "prompt": "' + b"x" * 500 + b'"}', chunks=4)
         await gw(http_scope(headers=json_headers()), client.receive, client.send)
         assert client.status == 413
         assert "max_body_bytes" in client.json()["error"]["message"]

@@ -1,7 +1,7 @@
 """The ASGI apps the overhead benchmark serves with uvicorn, one factory per variant.
 
-Each factory is named on the uvicorn command line (``apps:with_gateway --factory``), so every
-variant runs in a server process of its own, built from the same Starlette app.
+Each factory is named on the uvicorn command line (``apps:with_gateway --factory``), so
+every variant runs in a server process of its own, built from the same Starlette routes.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from starlette.routing import Route
 from gateway import GatewayMiddleware, Settings
 from gateway.types import ASGIApp, Receive, Scope, Send
 
-#: The issue's configuration: the limit is far above the trivial benchmark's concurrency,
-#: so what is measured there is the cost of passing through the gate, never waiting in it.
+#: The configuration the overhead target is stated for. The limit is above the trivial
+#: benchmark's concurrency, so what it measures is passing through the gate, never waiting.
 TRIVIAL_SETTINGS = Settings(global_max_in_flight=64, max_queue=4096, queue_timeout_s=30)
 
 #: The queue benchmark: 256 clients share 64 seats of a 50 ms endpoint.
@@ -35,16 +35,13 @@ class SemaphoreMiddleware:
 
     def __init__(self, app: ASGIApp, limit: int = 64) -> None:
         self.app = app
-        self.limit = limit
-        self._semaphore: asyncio.Semaphore | None = None
+        # asyncio primitives bind to the running loop on first use, not when made
+        self._semaphore = asyncio.Semaphore(limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self._semaphore is None:
-            # made on first use, inside the server's loop
-            self._semaphore = asyncio.Semaphore(self.limit)
         async with self._semaphore:
             await self.app(scope, receive, send)
 

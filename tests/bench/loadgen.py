@@ -1,8 +1,8 @@
 """A closed-loop HTTP/1.1 load generator: N keep-alive connections, one request in flight each.
 
-Run as a script, in a process of its own, so that it never shares a core with the server
-it measures. It prints one JSON object on stdout (after ``window-start`` and ``window-end`` lines
-with ``--marks``):
+Run as a script, in a process of its own, so that the client's work lands on the other
+core and never in the measured server's event loop. It prints one JSON object on stdout,
+preceded by ``window-start`` and ``window-end`` lines with ``--marks``:
 
     python tests/bench/loadgen.py --port 8000 --connections 32 --seconds 3
 
@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import time
 from array import array
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -171,7 +173,7 @@ async def drive(
         done: asyncio.Future[None] = loop.create_future()
         finished.append(done)
         try:
-            await loop.create_connection(lambda d=done: Client(run, request, d), host, port)
+            await loop.create_connection(functools.partial(Client, run, request, done), host, port)
         except OSError as exc:
             run.error(f"connect: {exc.strerror or exc}")
             done.set_result(None)
@@ -206,6 +208,15 @@ def build_request(host: str, port: int, path: str, headers: list[str]) -> bytes:
     return "\r\n".join(lines).encode("latin-1")
 
 
+def run_on_uvloop(coroutine: Coroutine[Any, Any, dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    """Run on uvloop, as the measured servers do; on asyncio's loop where it is missing."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine), "asyncio"
+    return uvloop.run(coroutine), "uvloop"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -220,10 +231,6 @@ def main() -> None:
         "--marks", action="store_true", help="print window-start/window-end lines first"
     )
     args = parser.parse_args()
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None
     request = build_request(args.host, args.port, args.path, args.header)
     coroutine = drive(
         args.host,
@@ -235,8 +242,8 @@ def main() -> None:
         args.max_requests,
         args.marks,
     )
-    result = uvloop.run(coroutine) if uvloop is not None else asyncio.run(coroutine)
-    result["loop"] = "uvloop" if uvloop is not None else "asyncio"
+    result, loop_name = run_on_uvloop(coroutine)
+    result["loop"] = loop_name
     print(json.dumps(result))
 
 

@@ -17,8 +17,8 @@ Servers are real uvicorn processes (uvloop, httptools, one worker); the load gen
 (``loadgen.py``) is a process of its own. Neither is pinned to a CPU unless ``--pin`` is
 given: on a shared two-core machine, pinning the server puts it on a core it may have to
 share with whatever else runs there. The server's CPU use over each measured window is
-read from /proc, so the report also gives the server CPU time per request, a figure that
-other load on the machine disturbs much less than req/s.
+read from /proc, so the report also gives the server CPU time per request, which does not
+depend on how much of a core the server was given.
 
 Targets are printed, never asserted: the exit status is 1 only when a run is invalid
 (HTTP errors, the limit exceeded, counters that do not add up).
@@ -57,7 +57,7 @@ TRIVIAL_VARIANTS = {"bare": "bare", "gateway": "with_gateway", "naive semaphore"
 RATIO_TARGET = 0.92
 QUEUE_TARGET = 0.97
 WAKEUP_TARGET_US = 1000.0
-QUEUE_LIMIT = 64
+QUEUE_LIMIT = 64  # as in apps.py, which this script does not import (it imports gateway)
 QUEUE_CLIENTS = 256
 QUEUE_IDEAL = QUEUE_LIMIT / 0.05
 
@@ -288,10 +288,10 @@ def queue_throughput(plan: Plan, problems: list[str]) -> dict[str, Any]:
 
 def wakeup(plan: Plan) -> dict[str, Any]:
     command = [sys.executable, str(HERE / "wakeup.py"), "--samples", str(plan.wakeup_samples)]
-    client = subprocess.run(
-        command, capture_output=True, text=True, env=child_env(), timeout=120, check=True
-    )
-    result: dict[str, Any] = json.loads(client.stdout)
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(), timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"wakeup.py failed (exit status {done.returncode}):\n{done.stderr}")
+    result: dict[str, Any] = json.loads(done.stdout)
     return result
 
 
@@ -312,6 +312,31 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs ({model}), Linux {platform.release()}"
 
 
+def code_version() -> str:
+    """The commit measured, and whether gateway/ differs from it (read-only git calls)."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["git", "--no-optional-locks", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("diff-index", "--quiet", "HEAD", "--", "gateway")
+        untracked = git("ls-files", "--others", "--exclude-standard", "--", "gateway")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (git unavailable)"
+    if head.returncode != 0:
+        return "unknown (no commit)"
+    dirty = changed.returncode != 0 or bool(untracked.stdout.strip())
+    return f"git {head.stdout.strip()}" + (" + uncommitted changes in gateway/" if dirty else "")
+
+
 def report(
     command: str,
     plan: Plan,
@@ -323,6 +348,7 @@ def report(
     out: list[str] = []
     add = out.append
     add(f"command: {command}")
+    add(f"code: {code_version()}")
     add(f"machine: {machine()}")
     add(
         f"software: Python {platform.python_version()}, uvicorn {version('uvicorn')} "
