@@ -105,12 +105,14 @@ class Permit(ReleaseOnce):
 
     __slots__ = ("owner", "ticket", "token", "waited_s")
 
-    def __init__(self, ticket: Ticket, token: object = None) -> None:
+    def __init__(
+        self, ticket: Ticket, token: object = None, owner: PermitOwner | None = None
+    ) -> None:
         self.released = False
         self.ticket = ticket
         self.token = token
         self.waited_s = 0.0
-        self.owner: PermitOwner | None = None
+        self.owner = owner
 
     def release(self) -> bool:
         """Give the seats back; True for the one call that did, False for any other."""
@@ -170,7 +172,7 @@ class CounterBackend(Protocol):
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
-    def try_acquire_now(self, ticket: Ticket) -> Permit | None: ...
+    def try_acquire_now(self, ticket: Ticket, owner: PermitOwner) -> Permit | None: ...
     async def acquire(self, ticket: Ticket) -> Permit | Pending: ...
     def release(self, permit: Permit) -> None: ...
     def cancel(self, pending: Pending) -> None: ...

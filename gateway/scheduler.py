@@ -43,9 +43,8 @@ class Scheduler:
 
     def try_acquire(self, ticket: Ticket) -> Permit | None:
         """A permit if seats are free now and nobody waits; else None (call ``acquire``)."""
-        permit = self.backend.try_acquire_now(ticket)
+        permit = self.backend.try_acquire_now(ticket, self)
         if permit is not None:
-            permit.owner = self
             self.admitted += 1
         return permit
 

@@ -17,6 +17,7 @@ from gateway.asgi.body import RequestBody
 from gateway.asgi.lifespan import run_lifespan
 from gateway.asgi.responses import send_bad_request, send_rejection
 from gateway.core.tickets import Ticket
+from gateway.core.tickets import ticket as make_ticket
 from gateway.errors import BadRequest, Disconnected, Rejected
 from gateway.gateway import Gateway
 from gateway.protocols import Classification, Permit, RequestInfo
@@ -86,7 +87,7 @@ class GatewayMiddleware:
             return
         except Disconnected:
             return
-        ticket = Ticket(classification.tenant, classification.priority)
+        ticket = make_ticket(classification.tenant, classification.priority)
         permit = self._scheduler.try_acquire(ticket)
         if permit is None:
             if body is None:

@@ -13,7 +13,7 @@ from gateway.core.admission import Granted, Queued, admit, dispatch
 from gateway.core.fairqueue import FairQueue, Waiter
 from gateway.core.tickets import Ticket
 from gateway.errors import Rejected
-from gateway.protocols import OverflowPolicy, Pending, Permit, Snapshot, TenantState
+from gateway.protocols import OverflowPolicy, Pending, Permit, PermitOwner, Snapshot, TenantState
 from gateway.settings import Settings
 
 _MESSAGES = {
@@ -60,12 +60,14 @@ class MemoryBackend:
             self._queue.remove(waiter)
             _fail(waiter, rejection("queue_full", self._settings))
 
-    def try_acquire_now(self, ticket: Ticket) -> Permit | None:
+    def try_acquire_now(self, ticket: Ticket, owner: PermitOwner) -> Permit | None:
         queue = self._queue
-        if queue.queued or queue.inflight + ticket.seats > self._limit() or queue.over_cap(ticket):
+        if queue.queued or queue.inflight + ticket.seats > self._limit():
+            return None
+        if queue.capped and queue.over_cap(ticket):
             return None
         queue.take(ticket)
-        return Permit(ticket)
+        return Permit(ticket, None, owner)
 
     async def acquire(self, ticket: Ticket) -> Permit | Pending:
         loop = self._loop or asyncio.get_running_loop()

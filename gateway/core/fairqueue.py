@@ -95,6 +95,8 @@ class FairQueue:
         self._default_weight = default_weight
         self._caps = dict(tenant_caps or {})
         self._default_cap = default_cap
+        #: whether any tenant has a cap (else the check is skipped)
+        self.capped = bool(self._caps) or default_cap is not None
         self._tenant_inflight: dict[str, int] = {}
         self._tenant_queued: dict[str, int] = {}
         self._rank_queued = [0 for _ in _RANKS]
@@ -149,6 +151,8 @@ class FairQueue:
 
     def over_cap(self, ticket: Ticket) -> bool:
         """A tenant's cap counts its seats in flight and its queued seats."""
+        if not self.capped:
+            return False
         cap = self._caps.get(ticket.tenant, self._default_cap)
         if cap is None:
             return False
@@ -157,11 +161,25 @@ class FairQueue:
 
     def take(self, ticket: Ticket) -> None:
         """Count ``ticket``'s seats as in flight (a grant decided by the caller)."""
-        self._add_inflight(ticket.tenant, ticket.seats)
+        tenant, seats = ticket.tenant, ticket.seats
+        self.inflight += seats
+        held = self._tenant_inflight
+        held[tenant] = held.get(tenant, 0) + seats
+        if self.queued:  # with nobody waiting there are no keys to update
+            self._rekey(tenant)
 
     def release(self, ticket: Ticket) -> None:
         """Give back the seats of a granted ticket; the caller then dispatches."""
-        self._add_inflight(ticket.tenant, -ticket.seats)
+        tenant, seats = ticket.tenant, ticket.seats
+        self.inflight -= seats
+        held = self._tenant_inflight
+        left = held[tenant] - seats
+        if left:
+            held[tenant] = left
+        else:
+            del held[tenant]
+        if self.queued:
+            self._rekey(tenant)
 
     def enqueue(self, ticket: Ticket, since: float, handle: object = None) -> Waiter:
         waiter = Waiter(ticket, self._next_order, since, handle)
@@ -209,7 +227,9 @@ class FairQueue:
             head.alive = False
             self._forget_waiter(rank, tenant)
             self._drop_dead_heads(rank, tenant)
-            self._count_inflight(tenant, head.ticket.seats)
+            self.inflight += head.ticket.seats
+            held = self._tenant_inflight
+            held[tenant] = held.get(tenant, 0) + head.ticket.seats
             self._rekey(tenant)
             return head
         return None
@@ -235,19 +255,6 @@ class FairQueue:
         return None
 
     # -- bookkeeping ----------------------------------------------------------------------
-
-    def _add_inflight(self, tenant: str, seats: int) -> None:
-        self._count_inflight(tenant, seats)
-        if self.queued:  # with nobody waiting there are no keys to update
-            self._rekey(tenant)
-
-    def _count_inflight(self, tenant: str, seats: int) -> None:
-        self.inflight += seats
-        held = self._tenant_inflight.get(tenant, 0) + seats
-        if held:
-            self._tenant_inflight[tenant] = held
-        else:
-            self._tenant_inflight.pop(tenant, None)
 
     def _forget_waiter(self, rank: int, tenant: str) -> None:
         self.queued -= 1

@@ -27,3 +27,12 @@ class Ticket(NamedTuple):
     @property
     def rank(self) -> int:
         return PRIORITY_RANK[self.priority]
+
+
+_new_tuple = tuple.__new__
+
+
+def ticket(tenant: str, priority: Priority = "standard", seats: int = 1) -> Ticket:
+    """``Ticket(tenant, priority, seats)``, built without the Python-level ``__new__`` of a
+    named tuple: the request path builds one per request."""
+    return _new_tuple(Ticket, (tenant, priority, seats))
