@@ -73,6 +73,15 @@ def summary(
             f"{tally.seat_seconds / total_seat_s:>8.1%}{fair[tenant.name]:>8.1%}"
             f"{tally.completed:>7}{sum(tally.rejected.values()):>10}"
         )
+    notes = [f"{t.name} sends {t.critical_share:.0%} critical" for t in tenants if t.critical_share]
+    notes += [
+        f"{t.name} {t.background_share:.0%} background" for t in tenants if t.background_share
+    ]
+    if notes:
+        lines += [
+            f"({'; '.join(notes)}: critical requests go first whatever the shares, and",
+            " background ones run only on a free seat, so shares lean away from the targets.)",
+        ]
     verdict = "never above the limit" if backend_max <= limit else "ABOVE THE LIMIT"
     lines += [
         "",
