@@ -47,9 +47,7 @@ class Capacity:
                 subscribe(lambda index=index: self._changed(index))
             else:
                 self._polled.append(index)
-        self._announced = min(
-            (v for i, v in enumerate(self._last_good) if i not in self._polled), default=None
-        )
+        self._announced = self._announced_minimum()
 
     @property
     def providers(self) -> dict[str, CapacityProvider]:
@@ -69,9 +67,14 @@ class Capacity:
         """Call ``callback()`` whenever a provider says its value changed."""
         self._subscribers.append(callback)
 
+    def _announced_minimum(self) -> int | None:
+        """The minimum over providers that announce their changes (None if there are none)."""
+        values = (v for i, v in enumerate(self._last_good) if i not in self._polled)
+        return min(values, default=None)
+
     def _changed(self, index: int) -> None:
         self._read(index, self._providers[index][1])
-        self._announced = min(v for i, v in enumerate(self._last_good) if i not in self._polled)
+        self._announced = self._announced_minimum()
         for callback in self._subscribers:
             callback()
 

@@ -61,6 +61,16 @@ class Disconnected(OblethError):
     """The client went away while its request waited; nobody is left to answer."""
 
 
+_REJECT_MESSAGES: dict[str, str] = {
+    "queue_full": "the gateway's queue is full; retry later",
+    "over_capacity": "no seat is free and the overflow policy does not queue; retry later",
+    "no_wait": "no seat is free and background requests do not wait; retry later",
+    "tenant_limit": "this tenant has as many requests in flight as it may; retry later",
+    "evicted": "this request was dropped from the queue to make room; retry later",
+    "queue_timeout": "no seat became free in time; retry later",
+}
+
+
 class Rejected(OblethError):
     """The gateway did not admit a request; the middleware turns this into a 503 or 429."""
 
@@ -68,6 +78,11 @@ class Rejected(OblethError):
         self.reason = reason
         self.retry_after_s = retry_after_s
         super().__init__(message)
+
+    @classmethod
+    def because(cls, reason: RejectReason, *, retry_after_s: float) -> Rejected:
+        """The rejection for ``reason`` with its standard message, whoever decided it."""
+        return cls(reason, _REJECT_MESSAGES[reason], retry_after_s=retry_after_s)
 
     @property
     def status(self) -> int:

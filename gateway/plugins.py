@@ -147,7 +147,7 @@ class Plugins:
         if existing is not None:
             raise PluginError(
                 name,
-                f"the name is taken by another plugin from {self._dist(name)}; "
+                f"the name is taken by another plugin from {self.distribution_of(name)}; "
                 "rename one entry point or disable one with OBLETH_DISABLE_PLUGINS",
                 distribution=origin[0],
             )
@@ -192,7 +192,7 @@ class Plugins:
                         name,
                         f"implements {attr!r}, which is no Obleth hook; "
                         f"hooks are: {', '.join(hookspecs.HOOK_NAMES)}",
-                        distribution=self._dist(name),
+                        distribution=self.distribution_of(name),
                     )
 
     def _collect(self, kind: Kind) -> dict[str, _Offer]:
@@ -205,7 +205,7 @@ class Plugins:
                 raise PluginError(
                     plugin,
                     f"{_COLLECTORS[kind]}() raised {type(exc).__name__}: {exc}",
-                    distribution=self._dist(plugin),
+                    distribution=self.distribution_of(plugin),
                 ) from exc
             if offered is None:
                 continue
@@ -214,29 +214,29 @@ class Plugins:
                     plugin,
                     f"{_COLLECTORS[kind]}() returned {type(offered).__name__}; "
                     "expected a dict of {name: factory}",
-                    distribution=self._dist(plugin),
+                    distribution=self.distribution_of(plugin),
                 )
             for name, factory in offered.items():
                 if not isinstance(name, str) or not _NAME.match(name):
                     raise PluginError(
                         plugin,
                         f"offers a {kind} named {name!r}; names are lower-case kebab-case",
-                        distribution=self._dist(plugin),
+                        distribution=self.distribution_of(plugin),
                     )
                 if not callable(factory):
                     raise PluginError(
                         plugin,
                         f"{kind} {name!r}: the factory is a {type(factory).__name__}, "
                         "not a callable taking Settings",
-                        distribution=self._dist(plugin),
+                        distribution=self.distribution_of(plugin),
                     )
                 if name in offers:
                     other = offers[name].plugin
                     raise PluginError(
                         plugin,
                         f"offers a {kind} named {name!r}, and so does plugin {other!r} "
-                        f"({self._dist(other)}); disable one with OBLETH_DISABLE_PLUGINS",
-                        distribution=self._dist(plugin),
+                        f"({self.distribution_of(other)}); disable one with OBLETH_DISABLE_PLUGINS",
+                        distribution=self.distribution_of(plugin),
                     )
                 offers[name] = _Offer(cast(Factory, factory), plugin)
         return offers
@@ -270,7 +270,7 @@ class Plugins:
             raise PluginError(
                 offer.plugin,
                 f"the factory of {kind} {name!r} raised {type(exc).__name__}: {exc}",
-                distribution=self._dist(offer.plugin),
+                distribution=self.distribution_of(offer.plugin),
             ) from exc
         role = _ROLES[kind]
         if not isinstance(built, role):
@@ -278,7 +278,7 @@ class Plugins:
                 offer.plugin,
                 f"the factory of {kind} {name!r} returned {type(built).__name__}, which lacks "
                 f"what gateway.protocols.{role.__name__} requires",
-                distribution=self._dist(offer.plugin),
+                distribution=self.distribution_of(offer.plugin),
             )
         return built
 
@@ -366,7 +366,7 @@ class Plugins:
         if now - self._last_complaint.get(plugin, -3600.0) < 60.0:
             return
         self._last_complaint[plugin] = now
-        where = f"plugin {plugin!r} ({self._dist(plugin)}), hook {hook}"
+        where = f"plugin {plugin!r} ({self.distribution_of(plugin)}), hook {hook}"
         if problem is None:
             log.exception("%s raised; the request goes on without it", where)
         else:
@@ -380,9 +380,6 @@ class Plugins:
 
     def distribution_of(self, plugin: str) -> str:
         """``name version`` of the distribution a plugin came from, for messages."""
-        return self._dist(plugin)
-
-    def _dist(self, plugin: str) -> str:
         return _dist_label(self._origin.get(plugin, ("unknown", "")))
 
 

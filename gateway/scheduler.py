@@ -14,7 +14,6 @@ import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
-from gateway.backends.memory import rejection
 from gateway.core.tickets import Ticket
 from gateway.errors import Disconnected, Rejected
 from gateway.protocols import CounterBackend, Pending, Permit
@@ -93,7 +92,9 @@ class Scheduler:
             return  # the grant came first: the request runs
         self.backend.cancel(pending)
         if not pending.future.done():
-            pending.future.set_exception(rejection("queue_timeout", self._settings))
+            pending.future.set_exception(
+                Rejected.because("queue_timeout", retry_after_s=self._settings.retry_after_s)
+            )
 
     async def _watch(self, pending: Pending, disconnected: DisconnectWatch) -> None:
         with contextlib.suppress(Exception):

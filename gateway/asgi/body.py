@@ -61,11 +61,6 @@ class RequestBody:
             if message["type"] == "http.disconnect":
                 return True
 
-    @property
-    def untouched(self) -> bool:
-        """Nothing was received yet: the app may read from the server directly."""
-        return not self._buffered and not self._complete and not self._seen_bytes
-
     async def replay(self) -> Message:
         if self._buffered:
             return self._buffered.popleft()

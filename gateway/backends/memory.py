@@ -12,23 +12,9 @@ from collections.abc import Callable
 from gateway.core.admission import Granted, Queued, admit, dispatch
 from gateway.core.fairqueue import FairQueue, Waiter
 from gateway.core.tickets import Ticket
-from gateway.errors import Rejected
+from gateway.errors import Rejected, RejectReason
 from gateway.protocols import OverflowPolicy, Pending, Permit, PermitOwner, Snapshot, TenantState
 from gateway.settings import Settings
-
-_MESSAGES = {
-    "queue_full": "the gateway's queue is full; retry later",
-    "over_capacity": "no seat is free and the overflow policy does not queue; retry later",
-    "no_wait": "no seat is free and background requests do not wait; retry later",
-    "tenant_limit": "this tenant has as many requests in flight as it may; retry later",
-    "evicted": "this request was dropped from the queue to make room; retry later",
-    "queue_timeout": "no seat became free in time; retry later",
-}
-
-
-def rejection(reason: str, settings: Settings) -> Rejected:
-    """The ``Rejected`` error for ``reason``, with the configured ``Retry-After``."""
-    return Rejected(reason, _MESSAGES[reason], retry_after_s=settings.retry_after_s)  # type: ignore[arg-type]
 
 
 class MemoryBackend:
@@ -58,7 +44,7 @@ class MemoryBackend:
     async def stop(self) -> None:
         for waiter in list(self._queue.waiters()):
             self._queue.remove(waiter)
-            _fail(waiter, rejection("queue_full", self._settings))
+            _fail(waiter, self._reject("queue_full"))
 
     def try_acquire_now(self, ticket: Ticket, owner: PermitOwner) -> Permit | None:
         queue = self._queue
@@ -79,9 +65,9 @@ class MemoryBackend:
             future: asyncio.Future[Permit] = loop.create_future()
             verdict.waiter.handle = future
             if verdict.evicted is not None:
-                _fail(verdict.evicted, rejection("evicted", self._settings))
+                _fail(verdict.evicted, self._reject("evicted"))
             return Pending(ticket, future, verdict.waiter)
-        raise rejection(verdict.reason, self._settings)
+        raise self._reject(verdict.reason)
 
     def release(self, permit: Permit) -> None:
         self._queue.release(permit.ticket)
@@ -117,6 +103,9 @@ class MemoryBackend:
             max_queue=queue.max_queue,
             tenants=tenants,
         )
+
+    def _reject(self, reason: RejectReason) -> Rejected:
+        return Rejected.because(reason, retry_after_s=self._settings.retry_after_s)
 
     def _dispatch(self) -> None:
         handed_back = True
