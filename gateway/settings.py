@@ -69,6 +69,25 @@ class Settings:
     """What ``Retry-After`` tells rejected clients, in seconds (rounded up)."""
     disable_plugins: tuple[str, ...] = ()
     """Plugins (entry-point or built-in names) not to load, e.g. a broken third-party one."""
+    redis_url: str | None = None
+    """Cluster mode: every pod using this Redis and ``pool`` shares one budget, one limit and
+    one fair queue. ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://`` or
+    ``redis+cluster://``; unset, the budget lives in this process."""
+    pool: str = "default"
+    """Name of the shared budget in Redis: services with different names never share seats."""
+    redis_failure_mode: Literal["local", "open", "closed"] = "local"
+    """When Redis cannot be reached: ``local`` admits up to ``limit / live pods`` on each pod,
+    ``open`` admits everything, ``closed`` answers 503 to new requests."""
+    lease_ttl_s: float = 10.0
+    """How long Redis keeps a pod's seats without hearing from it; pods renew every third of
+    it, and a crashed pod's seats come back within it."""
+    redis_pool_size: int = 32
+    """Connections per pod to Redis (one more is used for grant notifications)."""
+    redis_retry_budget_s: float = 1.0
+    """How long a pod retries an unreachable Redis before ``redis_failure_mode`` applies."""
+    learning_window_s: float | None = None
+    """After Redis lost its state, how long nothing new is granted while pods re-assert what
+    they hold; default two heartbeats plus ``redis_retry_budget_s``."""
     source: Literal["code", "env"] = field(default="code", compare=False, repr=False)
     """Where the values came from, so that errors name what the user actually wrote."""
 
@@ -285,6 +304,61 @@ def _check_paths(settings: Settings, name: str, value: Any) -> tuple[str, ...]:
     return tuple(path.rstrip("/") or "/" for path in paths)
 
 
+_REDIS_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
+_POOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def _check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or "://" not in value:
+        raise settings.error(
+            name, value, "expected a URL like redis://redis:6379/0 (or leave it unset)"
+        )
+    scheme = value.split("://", 1)[0].lower()
+    if scheme not in _REDIS_SCHEMES:
+        raise settings.error(
+            name, value, f"unknown scheme {scheme!r}; expected one of {', '.join(_REDIS_SCHEMES)}"
+        )
+    return value.strip()
+
+
+def _check_pool(settings: Settings, name: str, value: Any) -> str:
+    if not isinstance(value, str) or not _POOL_NAME.match(value):
+        raise settings.error(
+            name, value, "expected 1 to 64 letters, digits or . _ : - (it becomes a Redis hash tag)"
+        )
+    return value
+
+
+def _check_failure_mode(settings: Settings, name: str, value: Any) -> str:
+    if value not in ("local", "open", "closed"):
+        raise settings.error(name, value, "expected local, open or closed")
+    return str(value)
+
+
+def _check_optional_window(settings: Settings, name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise settings.error(name, value, "expected a number of seconds (0 or more), or unset")
+    if value < 0:
+        raise settings.error(name, value, "expected a number of seconds (0 or more), or unset")
+    return float(value)
+
+
+def _env_optional_float(key: str, text: str) -> float | None:
+    return _env_float(key, text) if text.strip() else None
+
+
 def _spec(
     name: str, parse_env: Callable[[str, str], Any], check: Callable[[Settings, str, Any], Any]
 ) -> _Spec:
@@ -311,6 +385,13 @@ _SPECS: dict[str, _Spec] = {
         _spec("exempt_paths", _env_list, _check_paths),
         _spec("retry_after_s", _env_float, _check_seconds),
         _spec("disable_plugins", _env_list, _check_names),
+        _spec("redis_url", _env_optional_text, _check_redis_url),
+        _spec("pool", _env_text, _check_pool),
+        _spec("redis_failure_mode", _env_text, _check_failure_mode),
+        _spec("lease_ttl_s", _env_float, _check_seconds),
+        _spec("redis_pool_size", _env_int, _check_int(2)),
+        _spec("redis_retry_budget_s", _env_float, _check_seconds),
+        _spec("learning_window_s", _env_optional_float, _check_optional_window),
     )
 }
 
