@@ -18,7 +18,13 @@ from __future__ import annotations
 from typing import Literal
 
 RejectReason = Literal[
-    "queue_full", "queue_timeout", "evicted", "no_wait", "tenant_limit", "over_capacity"
+    "queue_full",
+    "queue_timeout",
+    "evicted",
+    "no_wait",
+    "tenant_limit",
+    "over_capacity",
+    "unavailable",
 ]
 
 
@@ -68,6 +74,7 @@ _REJECT_MESSAGES: dict[str, str] = {
     "tenant_limit": "this tenant has as many requests in flight as it may; retry later",
     "evicted": "this request was dropped from the queue to make room; retry later",
     "queue_timeout": "no seat became free in time; retry later",
+    "unavailable": "the gateway cannot reach its shared budget (Redis); retry later",
 }
 
 

@@ -51,9 +51,7 @@ class Gateway:
         self.policy: OverflowPolicy = self.plugins.build(
             "overflow policy", self.settings.overflow_policy
         )
-        self.backend: CounterBackend = MemoryBackend(
-            self.settings, limit=self.capacity.current, policy=self.policy
-        )
+        self.backend: CounterBackend = _backend_for(self.settings, self.capacity, self.policy)
         self.capacity.subscribe(self.backend.limit_changed)
         self.scheduler = Scheduler(self.backend, self.settings)
         self._started = False
@@ -100,7 +98,11 @@ class Gateway:
         await self.backend.stop()
 
     def set_capacity(self, limit: int) -> None:
-        """Change the ``static`` provider's limit now (raising it admits waiters at once)."""
+        """Change the ``static`` provider's limit now (raising it admits waiters at once).
+
+        In cluster mode the new value becomes the limit of the whole pool: every pod
+        enforces it from its next call to Redis (within one heartbeat).
+        """
         static = self.providers.get("static")
         setter = getattr(static, "set_max_in_flight", None)
         if setter is None:
@@ -112,3 +114,12 @@ class Gateway:
 
     def snapshot(self) -> Snapshot:
         return self.backend.snapshot()
+
+
+def _backend_for(settings: Settings, capacity: Capacity, policy: OverflowPolicy) -> CounterBackend:
+    """In-process by default; the Redis backend when ``redis_url`` is set."""
+    if settings.redis_url is None:
+        return MemoryBackend(settings, limit=capacity.current, policy=policy)
+    from gateway.backends.redis import RedisBackend  # redis-py loads only in cluster mode
+
+    return RedisBackend(settings, limit=capacity.current, policy=policy)

@@ -89,7 +89,8 @@ def obleth_request_admitted(request: RequestInfo, wait_s: float) -> None:
 @hookspec
 def obleth_request_rejected(request: RequestInfo, reason: str) -> None:
     """Observe a request answered 503/429 with ``reason`` (``queue_full``,
-    ``queue_timeout``, ``evicted``, ``no_wait``, ``tenant_limit``, ``over_capacity``).
+    ``queue_timeout``, ``evicted``, ``no_wait``, ``tenant_limit``, ``over_capacity``,
+    ``unavailable``).
 
     Called on the request path; no I/O.
     """

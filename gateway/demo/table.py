@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from typing import get_args
 
 from gateway.demo.load import Tally
 from gateway.demo.tenants import TenantLoad
+from gateway.errors import RejectReason
 from gateway.protocols import Snapshot
 
-REASONS = ("queue_full", "queue_timeout", "evicted", "no_wait", "tenant_limit", "over_capacity")
+REASONS = get_args(RejectReason)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

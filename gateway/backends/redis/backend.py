@@ -1,0 +1,721 @@
+"""The Redis counter backend: one budget, one limit and one fair queue for every pod.
+
+Seats are leases in Redis (see ``step.lua``); this pod keeps a table of the leases it
+holds and the waiters it has queued, and talks to Redis through one coalescing caller:
+while one call is in flight, everything else the pod has to say (acquires, releases,
+cancels, the heartbeat, a new limit) gathers into the next call, so a lone request waits
+for nothing and a busy pod pays one round trip for many requests.
+
+Grants for this pod's waiters arrive on its own pub/sub channel; the heartbeat (every
+third of the lease TTL, with jitter) renews the pod's leases, writes back the ones Redis
+forgot, and picks up grants whose message was lost. When Redis cannot be reached within
+``redis_retry_budget_s``, ``redis_failure_mode`` decides (see ``Fallback``); when it
+answers again, the pod re-asserts what it holds and hands its local waiters back to the
+shared queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import redis.exceptions
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from gateway.backends.redis.connect import Client, connect
+from gateway.backends.redis.fallback import Fallback
+from gateway.backends.redis.keys import PoolKeys, escape_tenant, new_pod_id, unescape_tenant
+from gateway.backends.redis.script import StepScript
+from gateway.backends.redis.wire import (
+    AcquireOp,
+    Batch,
+    Header,
+    Note,
+    PodConfig,
+    StepReply,
+    encode,
+    parse_notes,
+)
+from gateway.core.admission import OverflowAction
+from gateway.core.tickets import NO_WAIT_RANK, Ticket
+from gateway.errors import Rejected, RejectReason
+from gateway.protocols import OverflowPolicy, Pending, Permit, PermitOwner, Snapshot, TenantState
+from gateway.settings import Settings
+
+log = logging.getLogger("obleth.cluster")
+
+#: What counts as "Redis cannot be reached" (as opposed to a bug, which propagates).
+UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+class RedisUnavailable(Exception):
+    """Redis did not answer within the retry budget."""
+
+
+class _Op:
+    """An acquire on its way to Redis: the caller awaits ``answered``."""
+
+    __slots__ = ("answered", "op", "pending")
+
+    def __init__(self, op: AcquireOp, pending: Pending, answered: asyncio.Future[None] | None):
+        self.op = op
+        self.pending = pending
+        self.answered = answered
+
+
+class RedisBackend:
+    """Seats and the fair queue in Redis; see ``gateway.protocols.CounterBackend``.
+
+    ``pod`` names this process in Redis (lease ids, its notification channel). What the
+    caller may rely on beyond the Protocol: ``mode`` is ``"redis"`` or the failure mode in
+    force; ``reasserted`` counts leases this pod had to write back (Redis forgot them, or
+    they expired while the pod was paused or cut off); ``degraded_since`` is set while
+    Redis is unreachable.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        limit: Callable[[], int],
+        policy: OverflowPolicy,
+        client: Client | None = None,
+    ) -> None:
+        assert settings.redis_url is not None
+        self._settings = settings
+        self._limit = limit
+        self._decide = policy.decide
+        self.pod = new_pod_id()
+        self._ids = itertools.count(1)
+        self._keys = PoolKeys(settings.pool)
+        ttl_s = settings.lease_ttl_s
+        self._interval_s = ttl_s / 3
+        learn_s = settings.learning_window_s
+        if learn_s is None:
+            learn_s = 2 * self._interval_s + settings.redis_retry_budget_s
+        self._ttl_ms = max(1, round(ttl_s * 1000))
+        self._learn_ms = round(learn_s * 1000)
+        self._wait_ms = round((settings.queue_timeout_s + ttl_s) * 1000)
+        self._budget_s = settings.redis_retry_budget_s
+        self._client_given = client is not None
+        self._client: Client = client or connect(
+            settings.redis_url,
+            pool_size=settings.redis_pool_size + 1,
+            timeout_s=max(0.1, min(self._budget_s, ttl_s / 3)),
+            setting=settings.label("redis_url"),
+        )
+        self._script = StepScript(self._client, self._keys)
+        self._config = _pod_config(settings)
+
+        # what this pod holds: leases by id, and its waiters (queued here or in Redis)
+        self._held: dict[str, Ticket] = {}
+        self._waiting: dict[str, Pending] = {}
+        self._confirmed: set[str] = set()  # waiters Redis said it queued
+
+        # the coalescing caller
+        self._batch = Batch(config=self._config, heartbeat=True)
+        self._ops: list[_Op] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._running = False
+        self._subscribed = asyncio.Event()
+
+        # what the last reply said about the pool
+        self._seen_limit: int | None = None
+        self._inflight = 0
+        self._queued = 0
+        self._live_pods = 1
+        self._epoch: str | None = None
+        self._seq = 0
+        self.learning_ms = 0
+        self.reasserted = 0
+        self.calls = 0
+        self.notes_received: Counter[str] = Counter()
+
+        self._fallback: Fallback | None = None
+        self.degraded_since: float | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Subscribe to this pod's channel, then make the first call (config, heartbeat).
+
+        If Redis cannot be reached, the pod starts anyway in its failure mode and keeps
+        trying: an application must be able to start while Redis is down.
+        """
+        self._running = True
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._listen(), name="obleth-redis-notify"))
+        self._tasks.append(loop.create_task(self._heartbeats(), name="obleth-redis-heartbeat"))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._budget_s + 1):
+                await self._subscribed.wait()
+        self._kick()
+        if self._flusher is not None:
+            await asyncio.shield(self._flusher)
+
+    async def stop(self) -> None:
+        """Answer local waiters 503, send what is still owed to Redis, close the client."""
+        self._running = False
+        for pending in list(self._waiting.values()):
+            self.cancel(pending)
+            _fail(pending, self._reject("unavailable"))
+        if self._fallback is None and self._batch:
+            with contextlib.suppress(Exception):
+                await self._flush_now()
+        for task in self._tasks:
+            task.cancel()
+        if self._flusher is not None:
+            self._tasks.append(self._flusher)
+            self._flusher.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if not self._client_given:
+            with contextlib.suppress(Exception):
+                await self._client.aclose()
+
+    # -- the counter backend Protocol -----------------------------------------------------
+
+    def try_acquire_now(self, ticket: Ticket, owner: PermitOwner) -> Permit | None:
+        return None  # every grant needs Redis: ``acquire`` decides
+
+    async def acquire(self, ticket: Ticket) -> Permit | Pending:
+        if self._fallback is not None:
+            return self._fallback_acquire(ticket)
+        if len(self._waiting) >= self._settings.max_queue + self._settings.redis_pool_size:
+            # Redis is slow and requests pile up here: bound them rather than our memory
+            raise self._reject("queue_full")
+        loop = asyncio.get_running_loop()
+        waiter_id = self._new_id()
+        pending = Pending(ticket, loop.create_future(), waiter_id)
+        answered: asyncio.Future[None] = loop.create_future()
+        self._waiting[waiter_id] = pending
+        self._send_acquire(pending, self._action_for(ticket), answered)
+        try:
+            await answered
+        except RedisUnavailable:
+            self._waiting.pop(waiter_id, None)
+            if self._fallback is None:
+                raise self._reject("unavailable") from None
+            return self._fallback_acquire(ticket)
+        except asyncio.CancelledError:
+            # the request went away before Redis answered: whatever Redis decided is undone
+            self.cancel(pending)
+            raise
+        future = pending.future
+        if not future.done():
+            return pending
+        error = future.exception()
+        if error is not None:
+            raise error
+        return future.result()
+
+    def release(self, permit: Permit) -> None:
+        lease = permit.token
+        assert isinstance(lease, str)
+        ticket = self._held.pop(lease, None)
+        if ticket is None:
+            return
+        if self._fallback is not None:
+            self._fallback.release(lease)
+        self._batch.releases.append(lease)
+        self._kick()
+
+    def cancel(self, pending: Pending) -> None:
+        future = pending.future
+        if future.done() and not future.cancelled():
+            if future.exception() is None:
+                self.release(future.result())  # the grant came first: its seats go back
+            return
+        waiter_id = pending.token
+        assert isinstance(waiter_id, str)
+        if self._waiting.pop(waiter_id, None) is None:
+            return
+        self._confirmed.discard(waiter_id)
+        if self._fallback is not None:
+            self._fallback.forget(waiter_id)
+        self._batch.cancels.append(waiter_id)
+        self._kick()
+
+    def limit_changed(self) -> None:
+        """A capacity provider changed here: its value becomes the limit of the whole pool."""
+        self._batch.set_limit = self._limit()
+        self._kick()
+
+    def snapshot(self) -> Snapshot:
+        """The pool as of the last reply; tenants as this pod sees them (its own requests).
+
+        ``cluster_snapshot`` reads every tenant of the pool from Redis.
+        """
+        tenants: dict[str, dict[str, Any]] = {}
+        for ticket in self._held.values():
+            entry = tenants.setdefault(ticket.tenant, {"inflight": 0, "queued": Counter()})
+            entry["inflight"] += ticket.seats
+        for pending in self._waiting.values():
+            entry = tenants.setdefault(pending.ticket.tenant, {"inflight": 0, "queued": Counter()})
+            entry["queued"][pending.ticket.priority] += 1
+        return Snapshot(
+            limit=self.limit,
+            inflight=self._inflight,
+            queued=self._queued,
+            max_queue=self._settings.max_queue,
+            tenants={
+                tenant: TenantState(
+                    inflight=entry["inflight"],
+                    queued=dict(entry["queued"]),
+                    weight=self._weight(tenant),
+                )
+                for tenant, entry in sorted(tenants.items())
+            },
+        )
+
+    # -- what else callers may read -------------------------------------------------------
+
+    async def settled(self) -> None:
+        """Return once everything this pod had to tell Redis has been told and answered."""
+        while self._flusher is not None:
+            await asyncio.shield(self._flusher)
+
+    @property
+    def limit(self) -> int:
+        """The pool's limit as Redis last said it (this pod's own value before that)."""
+        return self._seen_limit if self._seen_limit is not None else self._limit()
+
+    @property
+    def mode(self) -> str:
+        return "redis" if self._fallback is None else self._settings.redis_failure_mode
+
+    @property
+    def live_pods(self) -> int:
+        return self._live_pods
+
+    @property
+    def held(self) -> int:
+        """Leases this pod holds (seats of requests running here)."""
+        return len(self._held)
+
+    async def cluster_snapshot(self) -> Snapshot:
+        """Every tenant of the pool, read from Redis (one round trip; not for the hot path)."""
+        client = self._client
+        keys = self._keys
+        state, tin, tq = (
+            {str(k): str(v) for k, v in found.items()}
+            for found in await asyncio.gather(
+                client.hgetall(keys.key("state")),
+                client.hgetall(keys.key("tin")),
+                client.hgetall(keys.key("tq")),
+            )
+        )
+        tenants = sorted(set(tin) | set(tq))
+        return Snapshot(
+            limit=int(state.get("limit", self.limit)),
+            inflight=int(state.get("inflight", 0)),
+            queued=sum(int(v) for v in tq.values()),
+            max_queue=self._settings.max_queue,
+            tenants={
+                unescape_tenant(t): TenantState(
+                    inflight=int(tin.get(t, 0)),
+                    queued={"queued": int(tq.get(t, 0))},
+                    weight=self._weight(unescape_tenant(t)),
+                )
+                for t in tenants
+            },
+        )
+
+    # -- talking to Redis -------------------------------------------------------------------
+
+    def _send_acquire(
+        self, pending: Pending, action: OverflowAction, answered: asyncio.Future[None] | None
+    ) -> None:
+        ticket = pending.ticket
+        assert isinstance(pending.token, str)
+        op = AcquireOp(
+            pending.token,
+            escape_tenant(ticket.tenant),
+            ticket.rank,
+            ticket.seats,
+            action,
+            self._wait_ms,
+        )
+        self._batch.acquires.append(op)
+        self._ops.append(_Op(op, pending, answered))
+        self._kick()
+
+    def _kick(self) -> None:
+        """Make sure a call will carry what was just added (now, or right after the current)."""
+        if self._flusher is None and self._fallback is None and self._running:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self._batch and self._fallback is None:
+                await self._flush_now()
+        finally:
+            self._flusher = None
+
+    async def _flush_now(self, *, retry: bool = True) -> None:
+        batch, self._batch = self._batch, Batch()
+        ops, self._ops = self._ops, []
+        args = encode(self._header(), batch, *self._heartbeat_report(batch))
+        try:
+            reply = await self._call(args, retry=retry)
+        except RedisUnavailable as exc:
+            self._requeue(batch, ops)
+            self._degrade(exc)
+            for entry in ops:
+                if entry.answered is not None and not entry.answered.done():
+                    entry.answered.set_exception(RedisUnavailable(str(exc)))
+            return
+        self._apply(batch, ops, reply)
+
+    async def _call(self, args: list[Any], *, retry: bool) -> StepReply:
+        """One call; on a connection error, retries with backoff within the budget."""
+        self.calls += 1
+        try:
+            return await self._script(args)
+        except UNREACHABLE as exc:
+            if not retry:
+                raise RedisUnavailable(str(exc) or type(exc).__name__) from exc
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_delay(self._budget_s),
+                wait=wait_random_exponential(multiplier=0.02, max=self._budget_s / 4),
+                retry=retry_if_exception_type(UNREACHABLE),
+                reraise=True,
+            ):
+                with attempt:
+                    self.calls += 1
+                    return await self._script(args)
+        except UNREACHABLE as exc:
+            raise RedisUnavailable(str(exc) or type(exc).__name__) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _header(self) -> Header:
+        return Header(
+            pod=self.pod,
+            ttl_ms=self._ttl_ms,
+            learn_ms=self._learn_ms,
+            channel_prefix=self._keys.channel_prefix,
+            init_limit=self.limit,
+            max_queue=self._settings.max_queue,
+        )
+
+    def _heartbeat_report(self, batch: Batch) -> tuple[list[tuple[str, str, int]], list[str]]:
+        if not batch.heartbeat:
+            return [], []
+        leases = [(lid, escape_tenant(t.tenant), t.seats) for lid, t in self._held.items()]
+        return leases, sorted(self._confirmed)
+
+    def _requeue(self, batch: Batch, ops: list[_Op]) -> None:
+        """Keep what Redis must still hear after a failed call: releases, cancels, the
+        limit, and a cancel for every acquire it may have executed without answering."""
+        later = self._batch
+        later.releases[:0] = batch.releases
+        later.cancels[:0] = batch.cancels + [entry.op.id for entry in ops]
+        if later.set_limit is None:
+            later.set_limit = batch.set_limit
+        later.config = later.config or batch.config
+        later.relearn = later.relearn or batch.relearn
+        later.heartbeat = True
+
+    def _apply(self, batch: Batch, ops: list[_Op], reply: StepReply) -> None:
+        new_epoch = self._epoch is not None and reply.epoch != self._epoch
+        if self._epoch is None or new_epoch:
+            self._seq = 0
+        elif reply.seq < self._seq:
+            log.warning(
+                "Redis pool %r went back in time (seq %d after %d): a failover lost writes; "
+                "starting a learning window",
+                self._settings.pool,
+                reply.seq,
+                self._seq,
+            )
+            self._batch.relearn = True
+            self._batch.heartbeat = True
+        self._epoch = reply.epoch
+        self._seq = max(self._seq, reply.seq)
+        self._seen_limit = reply.limit
+        self._inflight = reply.inflight
+        self._queued = reply.queued
+        self._live_pods = max(1, reply.live_pods)
+        self.learning_ms = reply.learning_ms
+        if reply.reasserted:
+            self.reasserted += reply.reasserted
+            log.warning(
+                "pod %s re-asserted %d lease(s) Redis no longer had (Redis lost state, or this "
+                "pod was paused or cut off for longer than lease_ttl_s=%s)",
+                self.pod,
+                reply.reasserted,
+                self._settings.lease_ttl_s,
+            )
+
+        for entry, answer in zip(ops, reply.answers, strict=True):
+            self._settle(entry, answer)
+        for note in reply.notes:
+            self._on_note(note)
+        for waiter_id in reply.missed:
+            self._on_note(Note(waiter_id))
+
+        if new_epoch:
+            log.warning(
+                "Redis lost pool %r (new epoch %s): re-asserting %d lease(s) and %d waiter(s)",
+                self._settings.pool,
+                reply.epoch,
+                len(self._held),
+                len(self._confirmed),
+            )
+            self._batch.config = self._config
+            self._batch.heartbeat = True
+            for waiter_id in sorted(self._confirmed):
+                pending = self._waiting.get(waiter_id)
+                if pending is not None:
+                    self._confirmed.discard(waiter_id)
+                    self._send_acquire(pending, "queue", None)
+        else:
+            for waiter_id in reply.lost:
+                if waiter_id in self._confirmed:
+                    self._on_note(Note(waiter_id, "evicted"))
+        if self._batch:
+            self._kick()
+
+    def _settle(self, entry: _Op, answer: str) -> None:
+        """Apply Redis' answer to one acquire, then wake its caller."""
+        waiter_id = entry.op.id
+        pending = entry.pending
+        if answer == "g":
+            self._on_note(Note(waiter_id))
+        elif answer == "q":
+            if waiter_id in self._waiting:
+                self._confirmed.add(waiter_id)
+        else:
+            if self._waiting.pop(waiter_id, None) is not None:
+                _fail(pending, self._reject(_reason(answer)))
+        if entry.answered is not None and not entry.answered.done():
+            entry.answered.set_result(None)
+
+    def _on_note(self, note: Note) -> None:
+        """A grant or a drop for one of this pod's waiters, however it reached us."""
+        self.notes_received["granted" if note.reason is None else note.reason] += 1
+        pending = self._waiting.pop(note.id, None)
+        self._confirmed.discard(note.id)
+        if note.reason is not None:
+            if pending is not None:
+                _fail(pending, self._reject(_reason(note.reason)))
+            return
+        if pending is None:
+            if note.id not in self._held:
+                # a grant nobody waits for any more (cancelled, or a call we gave up on)
+                self._batch.releases.append(note.id)
+                self._kick()
+            return
+        self._held[note.id] = pending.ticket
+        if pending.future.done():
+            self.release(Permit(pending.ticket, note.id))
+        else:
+            pending.future.set_result(Permit(pending.ticket, note.id))
+
+    # -- notifications and heartbeats -----------------------------------------------------
+
+    async def _listen(self) -> None:
+        """Read this pod's channel; after any reconnect, a heartbeat picks up what was missed."""
+        channel = self._keys.channel(self.pod)
+        backoff = 0.05
+        first = True
+        while self._running:
+            pubsub = self._client.pubsub()
+            try:
+                await pubsub.subscribe(channel)
+                self._subscribed.set()
+                backoff = 0.05
+                if not first:
+                    self._batch.heartbeat = True
+                    self._kick()
+                first = False
+                while self._running:
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=self._interval_s
+                    )
+                    if message is not None and message.get("type") == "message":
+                        for note in _notes_of(message.get("data")):
+                            self._on_note(note)
+            except UNREACHABLE:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._interval_s)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _heartbeats(self) -> None:
+        while self._running:
+            await asyncio.sleep(self._interval_s * random.uniform(0.8, 1.0))  # noqa: S311
+            if self._fallback is None:
+                self._batch.heartbeat = True
+                self._kick()
+            else:
+                await self._try_recover()
+
+    # -- when Redis cannot be reached -----------------------------------------------------
+
+    def _degrade(self, exc: RedisUnavailable) -> None:
+        if self._fallback is not None:
+            return
+        mode = self._settings.redis_failure_mode
+        self._fallback = Fallback(
+            self._settings,
+            share=self._local_share(),
+            decide=self._decide,
+            held=self._held,
+            waiting=self._waiting,
+            new_id=self._new_id,
+        )
+        self.degraded_since = asyncio.get_running_loop().time()
+        log.error(
+            "Redis unreachable for pool %r (%s) after %.1fs of retries; failure mode %r: %s",
+            self._settings.pool,
+            exc,
+            self._budget_s,
+            mode,
+            self._fallback.describe(),
+        )
+        # waiters queued in Redis can no longer hear of a grant: the failure mode takes them
+        for waiter_id in sorted(self._confirmed):
+            pending = self._waiting.get(waiter_id)
+            if pending is None:
+                continue
+            self._confirmed.discard(waiter_id)
+            self._batch.cancels.append(waiter_id)
+            if not self._fallback.adopt(pending):
+                self._waiting.pop(waiter_id, None)
+
+    def _fallback_acquire(self, ticket: Ticket) -> Permit | Pending:
+        assert self._fallback is not None
+        outcome = self._fallback.acquire(ticket)
+        if isinstance(outcome, Pending):
+            assert isinstance(outcome.token, str)
+            self._waiting[outcome.token] = outcome
+        return outcome
+
+    async def _try_recover(self) -> None:
+        self._batch.heartbeat = True
+        self._batch.config = self._config
+        fallback = self._fallback
+        assert fallback is not None
+        batch, self._batch = self._batch, Batch()
+        args = encode(self._header(), batch, *self._heartbeat_report(batch))
+        try:
+            reply = await self._call(args, retry=False)
+        except RedisUnavailable:
+            self._requeue(batch, [])
+            fallback.share = self._local_share()
+            return
+        self._fallback = None
+        self.degraded_since = None
+        self._apply(batch, [], reply)
+        moved = fallback.close()
+        log.warning(
+            "Redis reachable again for pool %r: %d lease(s) re-asserted, %d local waiter(s) "
+            "handed back to the shared queue",
+            self._settings.pool,
+            reply.reasserted,
+            len(moved),
+        )
+        for pending in moved:
+            self._send_acquire(pending, "queue", None)
+        self._kick()
+
+    def _local_share(self) -> int:
+        return self.limit // max(1, self._live_pods)
+
+    # -- small helpers --------------------------------------------------------------------
+
+    def _new_id(self) -> str:
+        return f"{self.pod}.{next(self._ids)}"
+
+    def _action_for(self, ticket: Ticket) -> OverflowAction:
+        if ticket.rank >= NO_WAIT_RANK:
+            return "reject"
+        return self._decide(_PoolView(self), ticket)
+
+    def _weight(self, tenant: str) -> float:
+        return self._settings.tenant_weights.get(tenant, self._settings.default_tenant_weight)
+
+    def _reject(self, reason: RejectReason) -> Rejected:
+        return Rejected.because(reason, retry_after_s=self._settings.retry_after_s)
+
+
+class _PoolView:
+    """What an overflow policy sees in cluster mode: the pool's totals as of the last
+    reply, and this pod's own requests per tenant (the pool's are in Redis)."""
+
+    def __init__(self, backend: RedisBackend) -> None:
+        self._backend = backend
+
+    @property
+    def inflight(self) -> int:
+        return self._backend._inflight
+
+    @property
+    def queued(self) -> int:
+        return self._backend._queued
+
+    @property
+    def max_queue(self) -> int:
+        return self._backend._settings.max_queue
+
+    @property
+    def queue_full(self) -> bool:
+        return self.queued >= self.max_queue
+
+    def tenant_inflight(self, tenant: str) -> int:
+        return sum(t.seats for t in self._backend._held.values() if t.tenant == tenant)
+
+    def tenant_queued(self, tenant: str) -> int:
+        return sum(1 for p in self._backend._waiting.values() if p.ticket.tenant == tenant)
+
+    def weight(self, tenant: str) -> float:
+        return self._backend._weight(tenant)
+
+
+_REASONS: frozenset[str] = frozenset(
+    ("queue_full", "queue_timeout", "evicted", "no_wait", "tenant_limit", "over_capacity")
+)
+
+
+def _reason(answer: str) -> RejectReason:
+    return answer if answer in _REASONS else "unavailable"  # type: ignore[return-value]
+
+
+def _notes_of(data: object) -> list[Note]:
+    if not isinstance(data, str):
+        return []
+    return parse_notes(data.split())
+
+
+def _fail(pending: Pending, error: Rejected) -> None:
+    if not pending.future.done():
+        pending.future.set_exception(error)
+
+
+def _pod_config(settings: Settings) -> PodConfig:
+    caps = settings.tenant_max_in_flight
+    per_tenant = {} if caps is None or isinstance(caps, int) else dict(caps)
+    default_cap = caps if isinstance(caps, int) else per_tenant.pop("*", None)
+    return PodConfig(
+        default_weight=settings.default_tenant_weight,
+        default_cap=default_cap,
+        weights=[(escape_tenant(t), w) for t, w in sorted(settings.tenant_weights.items())],
+        caps=[(escape_tenant(t), c) for t, c in sorted(per_tenant.items())],
+    )

@@ -1,0 +1,73 @@
+"""Which upstream a request goes to, and the URL it is sent to there.
+
+The choice is one small function of the ASGI scope (``UpstreamChoice``), so that a router
+can replace it without touching the forwarding code. The default reads what the gateway's
+router left in ``scope["state"]["obleth"]["upstream"]`` and falls back to the configured
+upstream.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from urllib.parse import quote
+
+import httpx
+
+from gateway.errors import ConfigError
+from gateway.types import Scope
+
+UpstreamChoice = Callable[[Scope], str]
+"""Returns the base URL of the upstream for one request. Called once per request, on the
+request path: it must answer from memory, without I/O."""
+
+ROUTED_UPSTREAM_KEY = "upstream"
+"""Key under ``scope["state"]["obleth"]`` where a router puts its choice."""
+
+
+def routed_upstream(scope: Scope) -> str | None:
+    """The upstream a router chose for this request, or None when no router chose one."""
+    state = scope.get("state")
+    if not isinstance(state, Mapping):
+        return None
+    obleth = state.get("obleth")
+    if not isinstance(obleth, Mapping):
+        return None
+    chosen = obleth.get(ROUTED_UPSTREAM_KEY)
+    return chosen if isinstance(chosen, str) and chosen else None
+
+
+@functools.lru_cache(maxsize=256)
+def parse_upstream(url: str, setting: str = "upstream") -> httpx.URL:
+    """``url`` checked as an upstream base URL: http(s), a host, no query or fragment.
+
+    The path, if any, is a prefix put in front of every forwarded path. Raises
+    ``ConfigError`` naming ``setting``. Cached: routers hand the same few strings over and
+    over, and parsing them on every request would be wasted work.
+    """
+    expected = "expected an http:// or https:// base URL, e.g. http://127.0.0.1:8000"
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError):
+        raise ConfigError(setting, url, expected) from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(setting, url, expected)
+    if parsed.query or parsed.fragment:
+        raise ConfigError(setting, url, f"{expected}, without a query or fragment")
+    return parsed
+
+
+def target_url(base: httpx.URL, scope: Scope) -> httpx.URL:
+    """Where to send the request of ``scope`` on the upstream at ``base``.
+
+    The path goes as the client sent it (``raw_path``, so percent-escapes such as ``%2F``
+    survive) behind the base URL's own path, and the query string byte for byte.
+    """
+    path: bytes | None = scope.get("raw_path")
+    if not path:
+        path = quote(scope.get("path") or "/").encode("ascii")
+    target = base.raw_path.rstrip(b"/") + path
+    query: bytes = scope.get("query_string", b"")
+    if query:
+        target += b"?" + query
+    return base.copy_with(raw_path=target)

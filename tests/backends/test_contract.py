@@ -1,0 +1,321 @@
+"""The counter backend contract, run against both backends: in-process and Redis.
+
+Whatever backend counts the seats, a user sees the same gate: a waiter runs when a seat
+frees, fair shares by weight, strict priority, ``background`` never waits, caps answer
+429, the overflow policies behave alike, a grant racing a timeout or a cancel is never
+lost, the limit can move both ways live, and every permit comes back exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from gateway import Gateway, Rejected, Settings
+from gateway.core.tickets import Ticket
+from gateway.errors import Disconnected
+from gateway.protocols import Permit, Snapshot
+
+pytestmark = pytest.mark.anyio
+
+Make = Callable[..., Awaitable[Gateway]]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def make(request: pytest.FixtureRequest) -> AsyncIterator[Make]:
+    """Started gateways on the backend under test, stopped after the test."""
+    made: list[Gateway] = []
+    extra: dict[str, Any] = {}
+    if request.param == "redis":
+        extra = {
+            "redis_url": request.getfixturevalue("redis_url"),
+            "pool": request.getfixturevalue("pool_name"),
+            "learning_window_s": 0,
+        }
+
+    async def make(**settings: Any) -> Gateway:
+        gateway = Gateway(Settings(**extra, **settings), entry_points=False)
+        await gateway.start()
+        made.append(gateway)
+        return gateway
+
+    yield make
+    for gateway in made:
+        await gateway.stop()
+
+
+async def settle(gateway: Gateway) -> None:
+    """Let everything the gateway has to say reach its backend and come back."""
+    settled = getattr(gateway.backend, "settled", None)
+    for _ in range(3):
+        await asyncio.sleep(0)
+        if settled is not None:
+            await settled()
+
+
+async def state(gateway: Gateway) -> Snapshot:
+    """The backend's own view: the pool in Redis, or the in-process queue."""
+    await settle(gateway)
+    read = getattr(gateway.backend, "cluster_snapshot", None)
+    return await read() if read is not None else gateway.snapshot()
+
+
+async def assert_drained(gateway: Gateway) -> None:
+    snap = await state(gateway)
+    assert (snap.inflight, snap.queued) == (0, 0)
+    assert all(t.inflight == 0 and not any(t.queued.values()) for t in snap.tenants.values())
+    assert gateway.scheduler.admitted == gateway.scheduler.released
+
+
+async def waiting(gateway: Gateway, *tickets: Ticket) -> list[asyncio.Task[Permit]]:
+    """Start one acquire per ticket, in order, each queued before the next arrives."""
+    tasks = []
+    for ticket in tickets:
+        tasks.append(asyncio.create_task(gateway.scheduler.acquire(ticket)))
+        await settle(gateway)
+    return tasks
+
+
+async def test_waiter_gets_the_seat_when_the_holder_releases(make: Make) -> None:
+    gateway = await make(global_max_in_flight=1)
+    holder = await gateway.scheduler.acquire(Ticket("a"))
+    [waiter] = await waiting(gateway, Ticket("b"))
+    assert not waiter.done() and (await state(gateway)).queued == 1
+    holder.release()
+    permit = await asyncio.wait_for(waiter, 2)
+    assert permit.waited_s >= 0
+    permit.release()
+    await assert_drained(gateway)
+
+
+async def test_release_counts_once_however_often_it_is_called(make: Make) -> None:
+    gateway = await make(global_max_in_flight=2)
+    permit = await gateway.scheduler.acquire(Ticket("a"))
+    other = await gateway.scheduler.acquire(Ticket("a"))
+    assert permit.release() is True
+    assert permit.release() is False
+    assert (await state(gateway)).inflight == 1
+    other.release()
+    await assert_drained(gateway)
+
+
+async def test_queue_timeout_answers_503_and_frees_the_queue_slot(make: Make) -> None:
+    gateway = await make(global_max_in_flight=1, queue_timeout_s=0.05)
+    holder = await gateway.scheduler.acquire(Ticket("a"))
+    with pytest.raises(Rejected) as caught:
+        await gateway.scheduler.acquire(Ticket("b"))
+    assert caught.value.reason == "queue_timeout" and caught.value.status == 503
+    assert (await state(gateway)).queued == 0
+    holder.release()
+    await assert_drained(gateway)
+
+
+async def test_no_seat_is_lost_when_grants_race_with_timeouts(make: Make) -> None:
+    """Many waiters with 10 ms timeouts while seats free up: every seat comes back."""
+    gateway = await make(global_max_in_flight=3, queue_timeout_s=0.01, max_queue=10_000)
+    rng = random.Random(3)
+    outcomes: Counter[str] = Counter()
+
+    async def client(i: int) -> None:
+        await asyncio.sleep(rng.random() * 0.05)
+        try:
+            permit = await gateway.scheduler.acquire(Ticket(f"t{i % 4}"))
+        except Rejected as exc:
+            outcomes[exc.reason] += 1
+            return
+        await asyncio.sleep(rng.random() * 0.004)
+        permit.release()
+        outcomes["ran"] += 1
+
+    await asyncio.gather(*(client(i) for i in range(600)))
+    assert set(outcomes) == {"ran", "queue_timeout"}
+    await assert_drained(gateway)
+
+
+async def test_cancelled_waiter_leaves_the_queue(make: Make) -> None:
+    gateway = await make(global_max_in_flight=1)
+    holder = await gateway.scheduler.acquire(Ticket("a"))
+    [waiter] = await waiting(gateway, Ticket("b"))
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert (await state(gateway)).queued == 0
+    holder.release()
+    await assert_drained(gateway)
+
+
+async def test_seat_granted_to_a_cancelled_waiter_goes_to_the_next(make: Make) -> None:
+    """A grant that reaches a task just as it is cancelled is handed on, not lost."""
+    gateway = await make(global_max_in_flight=1)
+    holder = await gateway.scheduler.acquire(Ticket("a"))
+    first, second = await waiting(gateway, Ticket("b"), Ticket("c"))
+    holder.release()  # grants `first` (now, or when the release reaches Redis)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    permit = await asyncio.wait_for(second, 2)
+    permit.release()
+    await assert_drained(gateway)
+
+
+async def test_client_that_disconnects_while_waiting_leaves_the_queue(make: Make) -> None:
+    gateway = await make(global_max_in_flight=1)
+    holder = await gateway.scheduler.acquire(Ticket("a"))
+    gone = asyncio.Event()
+
+    async def disconnected() -> bool:
+        await gone.wait()
+        return True
+
+    waiter = asyncio.create_task(gateway.scheduler.acquire(Ticket("b"), disconnected=disconnected))
+    await settle(gateway)
+    gone.set()
+    with pytest.raises(Disconnected):
+        await waiter
+    assert (await state(gateway)).queued == 0
+    holder.release()
+    await assert_drained(gateway)
+
+
+async def test_weighted_tenants_share_seats_by_weight(make: Make) -> None:
+    """Backlogged gold (weight 3) and free (weight 1): grants go 3 to 1."""
+    gateway = await make(global_max_in_flight=4, tenant_weights={"gold": 3})
+    holders = [await gateway.scheduler.acquire(Ticket("x")) for _ in range(4)]
+    queued = await waiting(gateway, *[Ticket("free")] * 8, *[Ticket("gold")] * 8)
+    for holder in holders:
+        holder.release()
+    await settle(gateway)
+    running = [t for t in queued if t.done()]
+    shares = Counter(t.result().ticket.tenant for t in running)
+    assert shares == {"gold": 3, "free": 1}
+    for task in queued:
+        (await asyncio.wait_for(task, 2)).release()
+    await assert_drained(gateway)
+
+
+async def test_critical_is_served_before_standard_and_background_never_waits(
+    make: Make,
+) -> None:
+    gateway = await make(global_max_in_flight=1)
+    holder = await gateway.scheduler.acquire(Ticket("a"))
+    with pytest.raises(Rejected) as caught:
+        await gateway.scheduler.acquire(Ticket("b", "background"))
+    assert caught.value.reason == "no_wait"
+    standard, critical = await waiting(gateway, Ticket("s"), Ticket("c", "critical"))
+    holder.release()
+    permit = await asyncio.wait_for(critical, 2)
+    assert not standard.done()
+    permit.release()
+    (await asyncio.wait_for(standard, 2)).release()
+    await assert_drained(gateway)
+
+
+async def test_newcomer_does_not_barge_past_waiters(make: Make) -> None:
+    """A seat freed while others wait goes to the queue's head, not to a new arrival."""
+    gateway = await make(global_max_in_flight=1)
+    holder = await gateway.scheduler.acquire(Ticket("a"))
+    [first] = await waiting(gateway, Ticket("b"))
+    holder.release()
+    late = asyncio.create_task(gateway.scheduler.acquire(Ticket("c")))
+    (await asyncio.wait_for(first, 2)).release()
+    (await asyncio.wait_for(late, 2)).release()
+    await assert_drained(gateway)
+
+
+async def test_drop_oldest_evicts_the_flooders_oldest_waiter(make: Make) -> None:
+    gateway = await make(global_max_in_flight=1, max_queue=2, overflow_policy="drop-oldest")
+    holder = await gateway.scheduler.acquire(Ticket("flood"))
+    flood = await waiting(gateway, Ticket("flood"), Ticket("flood"))
+    [light] = await waiting(gateway, Ticket("light"))
+    with pytest.raises(Rejected) as caught:
+        await asyncio.wait_for(flood[0], 2)
+    assert caught.value.reason == "evicted"
+    holder.release()
+    (await asyncio.wait_for(flood[1], 2)).release()  # the older head goes first
+    (await asyncio.wait_for(light, 2)).release()
+    await assert_drained(gateway)
+
+
+async def test_full_queue_answers_queue_full(make: Make) -> None:
+    gateway = await make(global_max_in_flight=1, max_queue=1)
+    holder = await gateway.scheduler.acquire(Ticket("a"))
+    [queued] = await waiting(gateway, Ticket("b"))
+    with pytest.raises(Rejected) as caught:
+        await gateway.scheduler.acquire(Ticket("c"))
+    assert caught.value.reason == "queue_full"
+    holder.release()
+    (await asyncio.wait_for(queued, 2)).release()
+    await assert_drained(gateway)
+
+
+async def test_drop_newest_rejects_at_once(make: Make) -> None:
+    gateway = await make(global_max_in_flight=1, overflow_policy="drop-newest")
+    holder = await gateway.scheduler.acquire(Ticket("a"))
+    with pytest.raises(Rejected) as caught:
+        await gateway.scheduler.acquire(Ticket("b"))
+    assert caught.value.reason == "over_capacity"
+    holder.release()
+    await assert_drained(gateway)
+
+
+async def test_tenant_over_its_cap_gets_429(make: Make) -> None:
+    gateway = await make(global_max_in_flight=10, tenant_max_in_flight={"free": 1})
+    held = await gateway.scheduler.acquire(Ticket("free"))
+    with pytest.raises(Rejected) as caught:
+        await gateway.scheduler.acquire(Ticket("free"))
+    assert (caught.value.reason, caught.value.status) == ("tenant_limit", 429)
+    (await gateway.scheduler.acquire(Ticket("gold"))).release()
+    held.release()
+    assert gateway.scheduler.rejected["tenant_limit"] == 1
+    await assert_drained(gateway)
+
+
+async def test_raising_the_limit_admits_waiters_at_once(make: Make) -> None:
+    gateway = await make(global_max_in_flight=1)
+    holder = await gateway.scheduler.acquire(Ticket("a"))
+    waiters = await waiting(gateway, *[Ticket("b")] * 3)
+    gateway.set_capacity(3)
+    await settle(gateway)
+    assert sum(w.done() for w in waiters) == 2
+    assert (await state(gateway)).inflight == 3
+    holder.release()
+    for waiter in waiters:
+        (await asyncio.wait_for(waiter, 2)).release()
+    await assert_drained(gateway)
+
+
+async def test_lowering_the_limit_lets_running_requests_finish(make: Make) -> None:
+    """A cut never revokes seats; new requests wait until in-flight is under the new limit."""
+    gateway = await make(global_max_in_flight=3)
+    running = [await gateway.scheduler.acquire(Ticket("a")) for _ in range(3)]
+    gateway.set_capacity(1)
+    await settle(gateway)
+    [waiter] = await waiting(gateway, Ticket("b"))
+    running[0].release()
+    running[1].release()
+    await settle(gateway)
+    assert not waiter.done() and (await state(gateway)).inflight == 1
+    running[2].release()
+    (await asyncio.wait_for(waiter, 2)).release()
+    await assert_drained(gateway)
+
+
+async def test_snapshot_names_the_limit_and_the_tenants(make: Make) -> None:
+    gateway = await make(global_max_in_flight=2, tenant_weights={"gold": 2})
+    permit = await gateway.scheduler.acquire(Ticket("gold"))
+    snap = await state(gateway)
+    assert snap.limit == 2 and snap.inflight == 1
+    assert snap.tenants["gold"].inflight == 1 and snap.tenants["gold"].weight == 2
+    permit.release()
+    await assert_drained(gateway)
+
+
+def test_settings_without_redis_url_use_the_in_process_backend() -> None:
+    from gateway.backends.memory import MemoryBackend
+
+    assert isinstance(Gateway(Settings(), entry_points=False).backend, MemoryBackend)
