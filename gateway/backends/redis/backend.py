@@ -431,7 +431,9 @@ class RedisBackend:
         later.relearn = later.relearn or batch.relearn
         later.heartbeat = True
 
-    def _apply(self, batch: Batch, ops: list[_Op], reply: StepReply) -> None:
+    def _apply(
+        self, batch: Batch, ops: list[_Op], reply: StepReply, *, recovering: bool = False
+    ) -> None:
         new_epoch = self._epoch is not None and reply.epoch != self._epoch
         if self._epoch is None or new_epoch:
             self._seq = 0
@@ -452,8 +454,8 @@ class RedisBackend:
         self._queued = reply.queued
         self._live_pods = max(1, reply.live_pods)
         self.learning_ms = reply.learning_ms
-        if reply.reasserted:
-            self.reasserted += reply.reasserted
+        self.reasserted += reply.reasserted
+        if reply.reasserted and not recovering:
             log.warning(
                 "pod %s re-asserted %d lease(s) Redis no longer had (Redis lost state, or this "
                 "pod was paused or cut off for longer than lease_ttl_s=%s)",
@@ -623,7 +625,7 @@ class RedisBackend:
             return
         self._fallback = None
         self.degraded_since = None
-        self._apply(batch, [], reply)
+        self._apply(batch, [], reply, recovering=True)
         moved = fallback.close()
         log.warning(
             "Redis reachable again for pool %r: %d lease(s) re-asserted, %d local waiter(s) "

@@ -1,0 +1,98 @@
+"""Check a pool's invariants in Redis: what tests assert after every fault, and what an
+operator can run against a live pool.
+
+The pool is consistent when the seats counted in flight equal the seats of the leases
+and the sum of every tenant's seats, every lease has its metadata, and every waiter is
+in the queue, in the deadline index and in its tenant's count. Read by one script, so
+the answer describes one instant even while pods keep calling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.backends.redis.keys import PoolKeys
+
+
+@dataclass(frozen=True, slots=True)
+class PoolAudit:
+    """What one read of the pool found; ``problems`` is empty when it is consistent."""
+
+    inflight: int
+    lease_seats: int
+    tenant_seats: int
+    leases: int
+    waiters: int
+    limit: int | None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing held and nobody waiting."""
+        return self.inflight == 0 and self.leases == 0 and self.waiters == 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+_READ = """
+return {
+  redis.call('HGETALL', KEYS[1]), redis.call('ZCARD', KEYS[2]), redis.call('HGETALL', KEYS[3]),
+  redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5]), redis.call('ZCARD', KEYS[6]),
+  redis.call('HLEN', KEYS[7]), redis.call('ZCARD', KEYS[8]),
+}
+"""
+
+
+async def audit(client: Any, pool: str) -> PoolAudit:
+    """Read pool ``pool`` through ``client`` (a redis-py asyncio client) and check it."""
+    keys = PoolKeys(pool)
+    names = ("state", "leases", "lmeta", "tin", "tq", "wq", "wmeta", "wdl")
+    state, leases, lmeta, tin, tq, wq, wmeta, wdl = await client.eval(
+        _READ, len(names), *(keys.key(name) for name in names)
+    )
+    return check(_pairs(state), leases, _pairs(lmeta), _pairs(tin), _pairs(tq), wq, wmeta, wdl)
+
+
+def _pairs(flat: list[Any]) -> dict[Any, Any]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def check(
+    state: dict[Any, Any],
+    leases: int,
+    lmeta: dict[Any, Any],
+    tin: dict[Any, Any],
+    tq: dict[Any, Any],
+    wq: int,
+    wmeta: int,
+    wdl: int,
+) -> PoolAudit:
+    text = {_s(k): _s(v) for k, v in state.items()}
+    inflight = int(text.get("inflight", 0))
+    lease_seats = sum(int(_s(meta).split("|")[1]) for meta in lmeta.values())
+    tenant_seats = sum(int(_s(v)) for v in tin.values())
+    queued = sum(int(_s(v)) for v in tq.values())
+    problems = []
+    if not inflight == lease_seats == tenant_seats:
+        problems.append(
+            f"seats disagree: inflight={inflight}, sum of lease seats={lease_seats}, "
+            f"sum of tenant seats={tenant_seats}"
+        )
+    if leases != len(lmeta):
+        problems.append(f"{leases} leases but {len(lmeta)} lease records")
+    if not wq == wmeta == wdl == queued:
+        problems.append(
+            f"waiters disagree: queue={wq}, records={wmeta}, deadlines={wdl}, "
+            f"tenant counts={queued}"
+        )
+    if any(int(_s(v)) <= 0 for v in tin.values()):
+        problems.append("a tenant is listed with no seats")
+    limit = int(text["limit"]) if "limit" in text else None
+    return PoolAudit(inflight, lease_seats, tenant_seats, leases, wmeta, limit, problems)
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

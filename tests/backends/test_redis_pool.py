@@ -1,0 +1,341 @@
+"""Cluster mode with several gateways ("pods") in one process sharing a real Redis.
+
+Faster than the multi-process tests under tests/cluster, these pin down the protocol:
+grants reach the waiter's own pod, the limit is one value for every pod, a silent pod's
+seats come back within one lease TTL, Redis losing its state opens a learning window,
+and an unreachable Redis falls back to the configured failure mode and recovers without
+leaking a lease. After each, the pool's invariants are checked in Redis itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from gateway import Gateway, Rejected, Settings
+from gateway.backends.redis import RedisBackend
+from gateway.backends.redis.audit import PoolAudit, audit
+from gateway.backends.redis.connect import connect
+from gateway.backends.redis.keys import PoolKeys
+from gateway.core.tickets import Ticket
+from tests.redis_procs import RedisClusterProcs, RedisServer
+
+pytestmark = pytest.mark.anyio
+
+TTL = 0.6  # heartbeat every 0.2 s
+
+
+class Pods:
+    """Gateways sharing one pool; ``audit()`` reads the pool's invariants from Redis."""
+
+    def __init__(self, url: str, pool: str) -> None:
+        self.url = url
+        self.pool = pool
+        self.started: list[Gateway] = []
+        self.client = connect(url, pool_size=4, timeout_s=5)
+
+    async def start(self, **settings: Any) -> Gateway:
+        values: dict[str, Any] = {
+            "redis_url": self.url,
+            "pool": self.pool,
+            "lease_ttl_s": TTL,
+            "redis_retry_budget_s": 0.3,
+            "learning_window_s": 0,
+        }
+        values.update(settings)
+        gateway = Gateway(Settings(**values), entry_points=False)
+        await gateway.start()
+        self.started.append(gateway)
+        return gateway
+
+    async def audit(self) -> PoolAudit:
+        result = await audit(self.client, self.pool)
+        assert result.ok, result.problems
+        return result
+
+    async def wait_empty(self, within_s: float) -> PoolAudit:
+        deadline = time.monotonic() + within_s
+        while True:
+            result = await self.audit()
+            if result.empty or time.monotonic() > deadline:
+                return result
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        for gateway in self.started:
+            await gateway.stop()
+        await self.client.aclose()
+
+
+@pytest.fixture
+async def pods(redis_url: str, pool_name: str) -> AsyncIterator[Pods]:
+    group = Pods(redis_url, pool_name)
+    yield group
+    await group.close()
+
+
+@pytest.fixture
+async def own_pods(own_redis: RedisServer, pool_name: str) -> AsyncIterator[Pods]:
+    group = Pods(own_redis.url, pool_name)
+    yield group
+    await group.close()
+
+
+def backend(gateway: Gateway) -> RedisBackend:
+    assert isinstance(gateway.backend, RedisBackend)
+    return gateway.backend
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.02)
+    return await check()
+
+
+async def test_a_waiter_on_another_pod_is_woken_by_a_release(pods: Pods) -> None:
+    """The grant travels to the waiter's own pod (pub/sub), in milliseconds, no polling."""
+    a = await pods.start(global_max_in_flight=1)
+    b = await pods.start(global_max_in_flight=1)
+    holder = await a.scheduler.acquire(Ticket("t"))
+    waiter = asyncio.create_task(b.scheduler.acquire(Ticket("u")))
+    await eventually(lambda: _queued(pods, 1), 2)
+    started = time.perf_counter()
+    holder.release()
+    permit = await asyncio.wait_for(waiter, 2)
+    assert time.perf_counter() - started < TTL / 3  # faster than a heartbeat could do it
+    assert backend(b).notes_received["granted"] == 1
+    permit.release()
+    assert (await pods.wait_empty(2)).empty
+
+
+async def _queued(pods: Pods, n: int) -> bool:
+    return (await pods.audit()).waiters == n
+
+
+async def test_the_limit_is_one_value_for_every_pod(pods: Pods) -> None:
+    """set_capacity on one pod is what every pod enforces, and raising it wakes waiters
+    on other pods."""
+    a = await pods.start(global_max_in_flight=1)
+    b = await pods.start(global_max_in_flight=50)  # the pool's limit was set first by a
+    held = await b.scheduler.acquire(Ticket("t"))
+    waiter = asyncio.create_task(b.scheduler.acquire(Ticket("t")))
+    await eventually(lambda: _queued(pods, 1), 2)
+    a.set_capacity(2)
+    permit = await asyncio.wait_for(waiter, 2)
+    assert await eventually(lambda: _limit_seen(b, 2), TTL)
+    held.release()
+    permit.release()
+    assert (await pods.wait_empty(2)).limit == 2
+
+
+async def _limit_seen(gateway: Gateway, limit: int) -> bool:
+    return gateway.snapshot().limit == limit
+
+
+async def test_a_silent_pods_seats_come_back_within_one_ttl(pods: Pods) -> None:
+    """A pod that stops talking (crashed, frozen) loses its leases after lease_ttl_s."""
+    silent = await pods.start(global_max_in_flight=2)
+    other = await pods.start(global_max_in_flight=2)
+    for _ in range(2):
+        await silent.scheduler.acquire(Ticket("t"))
+    _silence(silent)
+    waiter = asyncio.create_task(other.scheduler.acquire(Ticket("u")))
+    started = time.monotonic()
+    permit = await asyncio.wait_for(waiter, TTL * 4)
+    assert time.monotonic() - started <= TTL + TTL / 3 + 0.3
+    permit.release()
+    assert (await pods.wait_empty(2)).empty
+
+
+def _silence(gateway: Gateway) -> None:
+    """Stop a gateway's heartbeats and calls as a crash would, without releasing anything."""
+    pod = backend(gateway)
+    pod._running = False
+    for task in pod._tasks:
+        task.cancel()
+
+
+async def test_a_pod_back_after_its_ttl_reasserts_what_it_still_runs(pods: Pods) -> None:
+    """A pod frozen past its TTL finds its leases gone and writes them back: the pool
+    counts what really runs, and grants nothing more until it drains."""
+    frozen = await pods.start(global_max_in_flight=2)
+    other = await pods.start(global_max_in_flight=2)
+    held = [await frozen.scheduler.acquire(Ticket("t")) for _ in range(2)]
+    await backend(frozen).settled()
+    tasks = list(backend(frozen)._tasks)
+    for task in tasks:
+        task.cancel()
+    backend(frozen)._tasks.clear()
+    taken = [await asyncio.wait_for(other.scheduler.acquire(Ticket("u")), TTL * 4)]
+    taken.append(await asyncio.wait_for(other.scheduler.acquire(Ticket("u")), TTL * 4))
+    # the frozen pod wakes up: its next heartbeat re-asserts both leases
+    pod = backend(frozen)
+    pod._tasks.append(asyncio.create_task(pod._heartbeats()))
+    assert await eventually(lambda: _reasserted(pod, 2), TTL)
+    assert (await pods.audit()).inflight == 4  # honest accounting, over the limit of 2
+    late = asyncio.create_task(other.scheduler.acquire(Ticket("u")))
+    await asyncio.sleep(TTL / 2)
+    assert not late.done()  # nothing new until the pool is back under its limit
+    for permit in held + taken:
+        permit.release()
+    (await asyncio.wait_for(late, 2)).release()
+    assert (await pods.wait_empty(2)).empty
+
+
+async def _reasserted(pod: RedisBackend, n: int) -> bool:
+    return pod.reasserted >= n
+
+
+async def test_cross_pod_fairness_does_not_depend_on_where_requests_land(pods: Pods) -> None:
+    """Tenant a sends through three pods, b through one; equal weights, both backlogged:
+    each holds half the seats."""
+    gateways = [await pods.start(global_max_in_flight=8, max_queue=10_000) for _ in range(3)]
+    held: dict[str, float] = {"a": 0.0, "b": 0.0}
+    stop_at = time.monotonic() + 2.0
+
+    async def client(gateway: Gateway, tenant: str) -> None:
+        while time.monotonic() < stop_at:
+            try:
+                permit = await gateway.scheduler.acquire(Ticket(tenant))
+            except Rejected:
+                continue
+            began = time.monotonic()
+            await asyncio.sleep(0.01)
+            held[tenant] += time.monotonic() - began
+            permit.release()
+
+    clients = [client(g, "a") for g in gateways for _ in range(8)]
+    clients += [client(gateways[0], "b") for _ in range(24)]
+    await asyncio.gather(*clients)
+    share_a = held["a"] / (held["a"] + held["b"])
+    assert 0.45 <= share_a <= 0.55, held
+    assert (await pods.wait_empty(2)).empty
+
+
+async def test_tenant_ids_reach_redis_escaped(pods: Pods) -> None:
+    """A tenant id with separators, spaces and non-ASCII text is one tenant, read back."""
+    gateway = await pods.start(global_max_in_flight=2)
+    name = "acme|corp g:1 ünïcode x" + "y" * 5
+    permit = await gateway.scheduler.acquire(Ticket(name))
+    snap = await backend(gateway).cluster_snapshot()
+    assert list(snap.tenants) == [name]
+    keys = await pods.client.keys(PoolKeys(pods.pool).prefix + "*")
+    assert all(name not in key for key in keys)
+    permit.release()
+    assert (await pods.wait_empty(2)).empty
+
+
+async def test_script_flush_costs_no_request(pods: Pods) -> None:
+    gateway = await pods.start(global_max_in_flight=4)
+    await pods.client.script_flush()
+    permits = [await gateway.scheduler.acquire(Ticket("t")) for _ in range(4)]
+    for permit in permits:
+        permit.release()
+    assert (await pods.wait_empty(2)).empty
+
+
+async def test_waiters_end_when_the_notification_connection_is_killed(pods: Pods) -> None:
+    """With the pub/sub connection gone, the heartbeat hands waiters their grants."""
+    a = await pods.start(global_max_in_flight=1)
+    b = await pods.start(global_max_in_flight=1)
+    holder = await a.scheduler.acquire(Ticket("t"))
+    waiters = [asyncio.create_task(b.scheduler.acquire(Ticket("u"))) for _ in range(3)]
+    await eventually(lambda: _queued(pods, 3), 2)
+    await pods.client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+    holder.release()
+    for waiter in waiters:
+        (await asyncio.wait_for(waiter, TTL * 3)).release()
+    assert (await pods.wait_empty(2)).empty
+
+
+async def test_learning_window_after_redis_forgets_the_pool(own_pods: Pods) -> None:
+    """FLUSHALL while seats are held: nothing is granted until the pods re-asserted what
+    they hold, so the pool never counts less than what runs."""
+    pods = own_pods
+    a = await pods.start(global_max_in_flight=2, learning_window_s=TTL)
+    b = await pods.start(global_max_in_flight=2, learning_window_s=TTL)
+    held = [await a.scheduler.acquire(Ticket("t")), await b.scheduler.acquire(Ticket("u"))]
+    await pods.client.flushall()
+    late = asyncio.create_task(a.scheduler.acquire(Ticket("v")))
+    await asyncio.sleep(TTL * 0.8)
+    assert not late.done()
+    result = await pods.audit()
+    assert result.inflight == 2 and result.leases == 2  # both pods re-asserted
+    held[0].release()
+    (await asyncio.wait_for(late, TTL * 3)).release()
+    held[1].release()
+    assert (await pods.wait_empty(2)).empty
+
+
+@pytest.mark.parametrize(
+    ("mode", "admitted"),
+    [("closed", 0), ("local", 2), ("open", 6)],
+)
+async def test_failure_mode_while_redis_is_paused(
+    own_pods: Pods, own_redis: RedisServer, mode: str, admitted: int
+) -> None:
+    """Redis frozen: after the retry budget each mode does what it says, and once Redis
+    answers again the pod re-asserts its permits and the pool drains to zero."""
+    pods = own_pods
+    gateways = [
+        await pods.start(global_max_in_flight=4, redis_failure_mode=mode, queue_timeout_s=0.5)
+        for _ in range(2)
+    ]
+    pod = gateways[0]
+    assert await eventually(lambda: _live_pods(pod, 2), TTL)  # a heartbeat counted both
+    own_redis.pause()
+    try:
+        outcomes = await asyncio.gather(
+            *(pod.scheduler.acquire(Ticket("t")) for _ in range(6)), return_exceptions=True
+        )
+    finally:
+        own_redis.resume()
+    permits = [o for o in outcomes if not isinstance(o, BaseException)]
+    reasons = {o.reason for o in outcomes if isinstance(o, Rejected)}
+    assert len(permits) == admitted, outcomes
+    assert backend(pod).mode == mode
+    if mode == "closed":
+        assert reasons == {"unavailable"}
+    assert await eventually(lambda: _mode_is(pod, "redis"), 3 * TTL)
+    result = await pods.audit()
+    assert result.inflight == admitted  # what runs is counted again
+    for permit in permits:
+        permit.release()
+    assert (await pods.wait_empty(2)).empty
+
+
+async def _live_pods(gateway: Gateway, n: int) -> bool:
+    return backend(gateway).live_pods == n
+
+
+async def _mode_is(gateway: Gateway, mode: str) -> bool:
+    return backend(gateway).mode == mode
+
+
+async def test_a_pool_lives_in_one_slot_of_a_redis_cluster(
+    redis_cluster: RedisClusterProcs, pool_name: str
+) -> None:
+    """Every key of a pool shares one hash tag: the step script runs on a 3-master Redis
+    Cluster, and waiters on one pod are granted by releases on another."""
+    pods = Pods(redis_cluster.url, pool_name)
+    try:
+        a = await pods.start(global_max_in_flight=1)
+        b = await pods.start(global_max_in_flight=1)
+        holder = await a.scheduler.acquire(Ticket("t"))
+        waiter = asyncio.create_task(b.scheduler.acquire(Ticket("u")))
+        await eventually(lambda: _queued(pods, 1), 2)
+        holder.release()
+        (await asyncio.wait_for(waiter, 2)).release()
+        assert (await pods.wait_empty(2)).empty
+        slots = {key_slot(key.encode()) for key in PoolKeys(pool_name).keys}
+        assert len(slots) == 1
+    finally:
+        await pods.close()
