@@ -12,6 +12,7 @@ _ERROR_TYPES = {
     400: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_exceeded",
+    502: "server_error",
     503: "server_overloaded",
 }
 

@@ -77,7 +77,7 @@ class _Inbound:
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
-        self._first: bytes | None = None
+        self._first = b""
         self._body_relayed = asyncio.Event()
 
     async def content(self) -> bytes | _Inbound | None:
@@ -98,9 +98,9 @@ class _Inbound:
         return self
 
     async def __anext__(self) -> bytes:
-        if self._first:
-            chunk, self._first = self._first, None
-            return chunk
+        first, self._first = self._first, b""
+        if first:
+            return first
         while not self._body_relayed.is_set():
             message = await self._next()
             if not message.get("more_body", False):

@@ -1,0 +1,17 @@
+"""The streaming reverse proxy: an ASGI app forwarding requests to an upstream server.
+
+::
+
+    app.py        ProxyApp (lifespan, the shared client, the upstream choice) and proxy_to
+    upstream.py   which upstream a request goes to, and the URL it is sent to there
+    exchange.py   one request relayed both ways: streaming, disconnects, upstream failures
+    headers.py    which headers cross the proxy (not the hop-by-hop ones)
+    client.py     the pooled HTTP client shared by all requests
+"""
+
+from __future__ import annotations
+
+from gateway.proxy.app import ProxyApp, proxy_to
+from gateway.proxy.upstream import UpstreamChoice, routed_upstream
+
+__all__ = ["ProxyApp", "UpstreamChoice", "proxy_to", "routed_upstream"]
