@@ -9,19 +9,26 @@ Besides the proxied paths, a pod answers two of its own:
 - ``GET /healthz``: 200, inside the gateway but exempt from admission (the default
   ``exempt_paths``), so it answers even when every seat is taken;
 - ``GET /_pod/stats``: the gate's counters as JSON, served before the gateway so that
-  reading them never touches what they count.
+  reading them never touches what they count; in cluster mode also the backend's
+  ``mode``, ``reasserted``, ``held`` and ``live_pods``;
+- ``PUT /_pod/capacity?limit=N``: ``gateway.set_capacity(N)`` (what the admin API will
+  do), served before the gateway;
+- ``POST /_pod/raise``: admitted like any request, then the app raises (an app bug).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from urllib.parse import parse_qsl
 
 from gateway import Gateway, GatewayMiddleware, Settings
 from gateway.proxy import proxy_to
 from gateway.types import ASGIApp, Receive, Scope, Send
 
 STATS_PATH = "/_pod/stats"
+CAPACITY_PATH = "/_pod/capacity"
+RAISE_PATH = "/_pod/raise"
 HEALTH_PATH = "/healthz"
 
 
@@ -34,7 +41,7 @@ def create_app() -> ASGIApp:
             "e.g. POD_UPSTREAM=http://127.0.0.1:8001"
         )
     gateway = Gateway(Settings.from_env())
-    gated = GatewayMiddleware(_Healthz(proxy_to(upstream)), gateway=gateway)
+    gated = GatewayMiddleware(_Healthz(_Raises(proxy_to(upstream))), gateway=gateway)
     return _PodStats(gated, gateway)
 
 
@@ -53,14 +60,26 @@ class _PodStats:
         self.gateway = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == CAPACITY_PATH:
+            query = dict(parse_qsl(scope["query_string"].decode()))
+            self.gateway.set_capacity(int(query["limit"]))
+            await _send_json(send, {"limit": int(query["limit"])})
+            return
         if scope["type"] != "http" or scope["path"] != STATS_PATH:
             await self.app(scope, receive, send)
             return
         scheduler = self.gateway.scheduler
         snapshot = self.gateway.snapshot()
+        backend = self.gateway.backend
+        cluster = {
+            name: getattr(backend, name)
+            for name in ("pod", "mode", "reasserted", "held", "live_pods")
+            if hasattr(backend, name)
+        }
         await _send_json(
             send,
             {
+                **cluster,
                 "pid": os.getpid(),
                 "admitted": scheduler.admitted,
                 "released": scheduler.released,
@@ -83,3 +102,15 @@ class _Healthz:
             await self.app(scope, receive, send)
             return
         await _send_json(send, {"status": "ok"})
+
+
+class _Raises:
+    """``POST /_pod/raise`` raises inside the app, after admission; the rest passes on."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == RAISE_PATH:
+            raise RuntimeError("the app failed (on purpose, for a test)")
+        await self.app(scope, receive, send)

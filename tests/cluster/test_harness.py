@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.cluster.pods import Pods, SimBackend, drive
 
 LIMIT = 4
 PODS = 3
 REQUESTS = 300
-
-
-@pytest.fixture(scope="module")
-def sim() -> Iterator[SimBackend]:
-    """One simulated backend process for the module; tests reset it."""
-    with SimBackend() as backend:
-        yield backend
 
 
 def test_pods_without_redis_each_admit_up_to_their_own_limit(

@@ -46,13 +46,23 @@ return {
 """
 
 
+_NAMES = ("state", "leases", "lmeta", "tin", "tq", "wq", "wmeta", "wdl")
+
+
 async def audit(client: Any, pool: str) -> PoolAudit:
     """Read pool ``pool`` through ``client`` (a redis-py asyncio client) and check it."""
     keys = PoolKeys(pool)
-    names = ("state", "leases", "lmeta", "tin", "tq", "wq", "wmeta", "wdl")
-    state, leases, lmeta, tin, tq, wq, wmeta, wdl = await client.eval(
-        _READ, len(names), *(keys.key(name) for name in names)
-    )
+    return _parse(await client.eval(_READ, len(_NAMES), *(keys.key(n) for n in _NAMES)))
+
+
+def audit_sync(client: Any, pool: str) -> PoolAudit:
+    """``audit`` through a synchronous redis-py client."""
+    keys = PoolKeys(pool)
+    return _parse(client.eval(_READ, len(_NAMES), *(keys.key(n) for n in _NAMES)))
+
+
+def _parse(raw: list[Any]) -> PoolAudit:
+    state, leases, lmeta, tin, tq, wq, wmeta, wdl = raw
     return check(_pairs(state), leases, _pairs(lmeta), _pairs(tin), _pairs(tq), wq, wmeta, wdl)
 
 

@@ -373,11 +373,12 @@ class RedisBackend:
         try:
             reply = await self._call(args, retry=retry)
         except RedisUnavailable as exc:
-            self._requeue(batch, ops)
-            self._degrade(exc)
-            for entry in ops:
-                if entry.answered is not None and not entry.answered.done():
-                    entry.answered.set_exception(RedisUnavailable(str(exc)))
+            # the acquires gathered meanwhile will not be sent either
+            stranded = ops + self._ops
+            self._ops = []
+            self._batch.acquires.clear()
+            self._requeue(batch, stranded)
+            self._degrade(exc, stranded)
             return
         self._apply(batch, ops, reply)
 
@@ -571,7 +572,8 @@ class RedisBackend:
 
     # -- when Redis cannot be reached -----------------------------------------------------
 
-    def _degrade(self, exc: RedisUnavailable) -> None:
+    def _degrade(self, exc: RedisUnavailable, stranded: list[_Op]) -> None:
+        """Enter the failure mode; ``stranded`` acquires got no answer from Redis."""
         if self._fallback is not None:
             return
         mode = self._settings.redis_failure_mode
@@ -601,6 +603,13 @@ class RedisBackend:
             self._batch.cancels.append(waiter_id)
             if not self._fallback.adopt(pending):
                 self._waiting.pop(waiter_id, None)
+        for entry in stranded:
+            if entry.answered is not None:
+                # the caller is still in acquire(): it asks the failure mode itself
+                if not entry.answered.done():
+                    entry.answered.set_exception(RedisUnavailable(str(exc)))
+            elif entry.op.id in self._waiting and not self._fallback.adopt(entry.pending):
+                self._waiting.pop(entry.op.id, None)
 
     def _fallback_acquire(self, ticket: Ticket) -> Permit | Pending:
         assert self._fallback is not None

@@ -1,0 +1,16 @@
+"""Fixtures of the multi-process cluster tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster.pods import SimBackend
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimBackend]:
+    """One simulated backend process for the module; tests reset it."""
+    with SimBackend() as backend:
+        yield backend
