@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from redis.crc import key_slot
 
 from gateway import Gateway, Rejected, Settings
@@ -22,6 +24,7 @@ from gateway.backends.redis import RedisBackend
 from gateway.backends.redis.audit import PoolAudit, audit
 from gateway.backends.redis.connect import connect
 from gateway.backends.redis.keys import PoolKeys
+from gateway.backends.redis.telemetry import observe
 from gateway.core.tickets import Ticket
 from tests.redis_procs import RedisClusterProcs, RedisServer
 
@@ -339,3 +342,42 @@ async def test_a_pool_lives_in_one_slot_of_a_redis_cluster(
         assert len(slots) == 1
     finally:
         await pods.close()
+
+
+async def test_local_failure_mode_is_announced_in_a_metric(
+    own_pods: Pods, own_redis: RedisServer
+) -> None:
+    """While Redis is unreachable, obleth.cluster.degraded is 1 with the mode, and the
+    local share is what the pod admits on its own; both fall back once Redis answers."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    pods = own_pods
+    gateways = [await pods.start(global_max_in_flight=4) for _ in range(2)]
+    pod = gateways[0]
+    observe(backend(pod), provider)
+    assert await eventually(lambda: _live_pods(pod, 2), TTL)
+    assert _gauges(reader) == {"obleth.cluster.degraded": 0, "obleth.cluster.local_share": 0}
+    own_redis.pause()
+    try:
+        permit = await pod.scheduler.acquire(Ticket("t"))
+        assert _gauges(reader) == {"obleth.cluster.degraded": 1, "obleth.cluster.local_share": 2}
+    finally:
+        own_redis.resume()
+    assert await eventually(lambda: _mode_is(pod, "redis"), 3 * TTL)
+    assert _gauges(reader)["obleth.cluster.degraded"] == 0
+    permit.release()
+    assert (await pods.wait_empty(2)).empty
+    provider.shutdown()
+
+
+def _gauges(reader: InMemoryMetricReader) -> dict[str, float]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    found = {}
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name in ("obleth.cluster.degraded", "obleth.cluster.local_share"):
+                    [point] = metric.data.data_points
+                    found[metric.name] = point.value
+    return found

@@ -37,6 +37,7 @@ from gateway.backends.redis.connect import Client, connect
 from gateway.backends.redis.fallback import Fallback
 from gateway.backends.redis.keys import PoolKeys, escape_tenant, new_pod_id, unescape_tenant
 from gateway.backends.redis.script import StepScript
+from gateway.backends.redis.telemetry import observe
 from gateway.backends.redis.wire import (
     AcquireOp,
     Batch,
@@ -145,6 +146,7 @@ class RedisBackend:
 
         self._fallback: Fallback | None = None
         self.degraded_since: float | None = None
+        observe(self)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -293,6 +295,16 @@ class RedisBackend:
     def limit(self) -> int:
         """The pool's limit as Redis last said it (this pod's own value before that)."""
         return self._seen_limit if self._seen_limit is not None else self._limit()
+
+    @property
+    def pool_name(self) -> str:
+        return self._settings.pool
+
+    @property
+    def local_share(self) -> int:
+        """Seats this pod admits on its own while in ``local`` failure mode, else 0."""
+        fallback = self._fallback
+        return fallback.share if fallback is not None and fallback.mode == "local" else 0
 
     @property
     def mode(self) -> str:

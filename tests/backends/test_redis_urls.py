@@ -1,0 +1,102 @@
+"""``redis_url`` reaches Redis however it is deployed: a unix socket, Sentinel, and bad
+URLs stop startup with a message naming the setting. (TCP and Redis Cluster are covered
+by test_redis_pool.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from gateway import ConfigError, Gateway, Settings
+from gateway.backends.redis.audit import audit_sync
+from gateway.core.tickets import Ticket
+from tests.cluster.pods import free_port
+from tests.redis_procs import RedisServer, find_redis_server
+
+pytestmark = pytest.mark.anyio
+
+
+async def _admits_and_releases(url: str, pool: str, server: RedisServer) -> None:
+    gateway = Gateway(
+        Settings(redis_url=url, pool=pool, learning_window_s=0, global_max_in_flight=2),
+        entry_points=False,
+    )
+    await gateway.start()
+    try:
+        permit = await gateway.scheduler.acquire(Ticket("t"))
+        with server.sync_client() as client:
+            assert audit_sync(client, pool).inflight == 1
+        permit.release()
+    finally:
+        await gateway.stop()
+    with server.sync_client() as client:
+        assert audit_sync(client, pool).empty
+
+
+async def test_unix_socket(tmp_path: Path, pool_name: str) -> None:
+    socket = tmp_path / "redis.sock"
+    with RedisServer(extra_args=["--unixsocket", str(socket), "--unixsocketperm", "700"]) as server:
+        await _admits_and_releases(f"unix://{socket}?db=0", pool_name, server)
+
+
+@pytest.fixture
+def sentinel(tmp_path: Path) -> Iterator[tuple[int, RedisServer]]:
+    """A real Sentinel (redis-server --sentinel) watching a real master: (port, master)."""
+    with RedisServer() as master:
+        port = free_port()
+        conf = tmp_path / "sentinel.conf"
+        conf.write_text(
+            f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+            f"sentinel monitor obleth 127.0.0.1 {master.port} 1\n"
+        )
+        with (tmp_path / "sentinel.log").open("wb") as log:
+            process = subprocess.Popen(
+                [find_redis_server(), str(conf), "--sentinel"], stdout=log, stderr=log
+            )
+            try:
+                _wait_for_sentinel(port)
+                yield port, master
+            finally:
+                process.kill()
+                process.wait(timeout=10)
+
+
+async def test_sentinel_finds_the_master(sentinel: tuple[int, RedisServer], pool_name: str) -> None:
+    port, master = sentinel
+    await _admits_and_releases(f"redis+sentinel://127.0.0.1:{port}/obleth/0", pool_name, master)
+
+
+def _wait_for_sentinel(port: int) -> None:
+    deadline = time.monotonic() + 10
+    with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as client:
+        while True:
+            try:
+                if client.execute_command("SENTINEL", "get-master-addr-by-name", "obleth"):
+                    return
+            except redis.exceptions.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "sentinel did not start"
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("url", "complaint"),
+    [
+        ("redis+sentinel://127.0.0.1:26379", "name the Sentinel service"),
+        ("redis+cluster://127.0.0.1:notaport", "is not host:port"),
+    ],
+)
+def test_bad_urls_stop_startup_naming_the_setting(url: str, complaint: str) -> None:
+    with pytest.raises(ConfigError, match=complaint) as caught:
+        Gateway(Settings.from_env({"OBLETH_REDIS_URL": url}), entry_points=False)
+    assert caught.value.setting == "OBLETH_REDIS_URL"
+
+
+def test_an_unknown_scheme_is_refused_by_the_settings() -> None:
+    with pytest.raises(ConfigError, match="unknown scheme 'http'"):
+        Settings(redis_url="http://redis:6379")
