@@ -7,6 +7,7 @@ every variant runs in a server process of its own, built from the same Starlette
 from __future__ import annotations
 
 import asyncio
+import os
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -157,3 +158,67 @@ def slow_bare() -> ASGIApp:
         return JSONResponse(endpoint.stats())
 
     return _slow_app(endpoint, Route("/stats", stats))
+
+
+# -- cluster admission (cluster.py) ----------------------------------------------------------
+#
+# uvicorn calls a factory without arguments, so the cluster benchmark passes the Redis it
+# started in the environment: BENCH_REDIS_URL, and BENCH_POOL for the gateway's pool name.
+# They are not OBLETH_* variables: Settings.from_env would read those, and the benchmark's
+# settings are fixed here, whatever the caller's environment holds.
+
+#: The Redis variant's limit: far above the benchmark's concurrency, so nothing queues and
+#: what is measured is one trip through the shared gate per request.
+CLUSTER_LIMIT = 1000
+
+#: slowapi's limit: generous enough that no request of a run is ever rejected.
+SLOWAPI_LIMIT = "100000000/minute"
+
+
+def _bench_env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(f"{name} is not set: this factory is started by tests/bench/cluster.py")
+    return value
+
+
+def cluster_settings(redis_url: str, pool: str) -> Settings:
+    """Cluster mode as the benchmark runs it; ``learning_window_s=0`` because the pool is
+    new and nobody has leases to re-assert."""
+    return Settings(
+        global_max_in_flight=CLUSTER_LIMIT,
+        max_queue=4096,
+        queue_timeout_s=30,
+        redis_url=redis_url,
+        pool=pool,
+        learning_window_s=0,
+    )
+
+
+def with_redis_gateway() -> ASGIApp:
+    """The trivial endpoint behind ``GatewayMiddleware`` in cluster mode (Redis backend)."""
+    settings = cluster_settings(_bench_env("BENCH_REDIS_URL"), _bench_env("BENCH_POOL"))
+    return trivial_app([Middleware(GatewayMiddleware, settings=settings)])
+
+
+def with_slowapi() -> ASGIApp:
+    """The trivial endpoint limited by slowapi with Redis storage: the peer.
+
+    slowapi's documented setup (``@limiter.limit`` on the route, the limiter on
+    ``app.state``, its 429 handler); the key is the client address. Each request makes
+    one synchronous round trip to Redis (limits' fixed window: one script call).
+    """
+    from slowapi import Limiter, _rate_limit_exceeded_handler
+    from slowapi.errors import RateLimitExceeded
+    from slowapi.util import get_remote_address
+
+    limiter = Limiter(key_func=get_remote_address, storage_uri=_bench_env("BENCH_REDIS_URL"))
+
+    @limiter.limit(SLOWAPI_LIMIT)
+    async def limited_hello(request: Request) -> Response:
+        return PlainTextResponse("hello")
+
+    app = Starlette(routes=[Route("/", limited_hello)])
+    app.state.limiter = limiter
+    app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)  # type: ignore[arg-type]
+    return app

@@ -27,31 +27,28 @@ Targets are printed, never asserted: the exit status is 1 only when a run is inv
 from __future__ import annotations
 
 import argparse
-import contextlib
-import http.client
 import json
 import math
 import os
-import platform
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-HOST = "127.0.0.1"
-
-#: What every benchmark request carries: an API client's usual headers, so the
-#: classifier takes its ordinary path (tenant = hash of the bearer key).
-HEADERS = ("User-Agent: obleth-bench/1", "Accept: */*", "Authorization: Bearer sk-bench-0001")
+from harness import (
+    HERE,
+    child_env,
+    code_version,
+    load,
+    machine,
+    problems_of,
+    servers,
+    software,
+    verdict,
+)
 
 TRIVIAL_VARIANTS = {"bare": "bare", "gateway": "with_gateway", "naive semaphore": "with_semaphore"}
 RATIO_TARGET = 0.92
@@ -73,6 +70,16 @@ class Plan:
     wakeup_samples: int
     pin: bool
 
+    @property
+    def server_cpu(self) -> int | None:
+        """Where ``--pin`` puts the servers (CPU 0); None leaves them to the scheduler."""
+        return 0 if self.pin else None
+
+    @property
+    def client_cpu(self) -> int | None:
+        """Where ``--pin`` puts the load generator (CPU 1)."""
+        return 1 if self.pin else None
+
 
 def plan_from(args: argparse.Namespace) -> Plan:
     quick = args.quick
@@ -88,154 +95,32 @@ def plan_from(args: argparse.Namespace) -> Plan:
     )
 
 
-# -- processes -------------------------------------------------------------------------------
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def pin(pid: int, cpu: int, plan: Plan) -> None:
-    if plan.pin:
-        with contextlib.suppress(ProcessLookupError):
-            os.sched_setaffinity(pid, {cpu})
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far, from /proc."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Server:
-    """One uvicorn process serving a factory of ``apps.py`` on a free local port."""
-
-    def __init__(self, factory: str, plan: Plan) -> None:
-        self.factory = factory
-        self.port = free_port()
-        command = [
-            sys.executable, "-m", "uvicorn", f"apps:{factory}", "--factory",
-            "--app-dir", str(HERE), "--host", HOST, "--port", str(self.port),
-            "--loop", "uvloop", "--http", "httptools", "--lifespan", "on",
-            "--no-access-log", "--log-level", "warning",
-        ]  # fmt: skip
-        self.process = subprocess.Popen(command, cwd=ROOT, env=child_env())
-        pin(self.process.pid, 0, plan)
-
-    def wait_ready(self, timeout_s: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"uvicorn apps:{self.factory} exited at startup")
-            with contextlib.suppress(OSError), socket.create_connection((HOST, self.port), 0.2):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"uvicorn apps:{self.factory} not listening after {timeout_s} s")
-
-    def get_json(self, path: str) -> dict[str, Any]:
-        connection = http.client.HTTPConnection(HOST, self.port, timeout=5)
-        try:
-            connection.request("GET", path)
-            result: dict[str, Any] = json.loads(connection.getresponse().read())
-            return result
-        finally:
-            connection.close()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def servers(factories: list[str], plan: Plan) -> Iterator[dict[str, Server]]:
-    started: dict[str, Server] = {}
-    try:
-        for factory in factories:
-            started[factory] = Server(factory, plan)
-        for server in started.values():
-            server.wait_ready()
-        yield started
-    finally:
-        for server in started.values():
-            server.stop()
-
-
-def load(
-    server: Server, plan: Plan, *, seconds: float, connections: int, path: str = "/"
-) -> dict[str, Any]:
-    """One load generator run; adds the server's CPU use over the measured window."""
-    command = [
-        sys.executable, str(HERE / "loadgen.py"), "--host", HOST, "--port", str(server.port),
-        "--path", path, "--connections", str(connections), "--seconds", str(seconds),
-        "--warmup", str(plan.warmup_s), "--marks",
-    ]  # fmt: skip
-    for header in HEADERS:
-        command += ["--header", header]
-    client = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=child_env())
-    pin(client.pid, 1, plan)
-    assert client.stdout is not None
-    marks: dict[str, tuple[float, float]] = {}
-    result: dict[str, Any] | None = None
-    for line in client.stdout:  # ends when the load generator exits; it bounds itself
-        line = line.strip()
-        if line in ("window-start", "window-end"):
-            marks[line] = (time.perf_counter(), cpu_seconds(server.process.pid))
-        elif line.startswith("{"):
-            result = json.loads(line)
-    client.wait(timeout=30)
-    if result is None:
-        raise RuntimeError(f"the load generator failed (exit status {client.returncode})")
-    if len(marks) == 2:
-        (wall0, cpu0), (wall1, cpu1) = marks["window-start"], marks["window-end"]
-        result["server_cpu"] = (cpu1 - cpu0) / (wall1 - wall0)
-        result["cpu_us_per_request"] = (cpu1 - cpu0) / max(result["requests"], 1) * 1e6
-    result["client_cpu"] = result["client_cpu_s"] / result["wall_s"]
-    return result
-
-
-def problems_of(result: dict[str, Any], what: str) -> list[str]:
-    found = [f"{what}: {error} ({count} times)" for error, count in result["errors"].items()]
-    found += [
-        f"{what}: {count} responses with status {status}"
-        for status, count in result["statuses"].items()
-        if status != "200"
-    ]
-    if not result["requests"]:
-        found.append(f"{what}: no request completed")
-    return found
-
-
 # -- the three measurements ------------------------------------------------------------------
 
 
 def overhead(plan: Plan, problems: list[str]) -> dict[str, Any]:
     names = list(TRIVIAL_VARIANTS)
-    with servers(list(TRIVIAL_VARIANTS.values()), plan) as running:
+    with servers(list(TRIVIAL_VARIANTS.values()), cpu=plan.server_cpu) as running:
         by_name = {name: running[factory] for name, factory in TRIVIAL_VARIANTS.items()}
         for name in names:  # warm-up, not reported
-            load(by_name[name], plan, seconds=1.0, connections=plan.connections)
+            load(
+                by_name[name],
+                seconds=1.0,
+                connections=plan.connections,
+                warmup_s=plan.warmup_s,
+                cpu=plan.client_cpu,
+            )
         rounds: list[dict[str, dict[str, Any]]] = []
         for index in range(plan.rounds):
             order = names[index % len(names) :] + names[: index % len(names)]
             this_round = {}
             for name in order:
                 result = load(
-                    by_name[name], plan, seconds=plan.seconds, connections=plan.connections
+                    by_name[name],
+                    seconds=plan.seconds,
+                    connections=plan.connections,
+                    warmup_s=plan.warmup_s,
+                    cpu=plan.client_cpu,
                 )
                 problems += problems_of(result, f"{name}, round {index + 1}")
                 this_round[name] = result
@@ -264,10 +149,17 @@ def queue_throughput(plan: Plan, problems: list[str]) -> dict[str, Any]:
         "no limiter, 64 clients": ("slow_bare", QUEUE_LIMIT, plan.reference_seconds),
     }
     table: dict[str, Any] = {}
-    with servers([factory for factory, _, _ in runs.values()], plan) as running:
+    with servers([factory for factory, _, _ in runs.values()], cpu=plan.server_cpu) as running:
         for name, (factory, clients, seconds) in runs.items():
             server = running[factory]
-            result = load(server, plan, seconds=seconds, connections=clients, path="/work")
+            result = load(
+                server,
+                seconds=seconds,
+                connections=clients,
+                warmup_s=plan.warmup_s,
+                path="/work",
+                cpu=plan.client_cpu,
+            )
             problems += problems_of(result, f"queue, {name}")
             stats = server.get_json("/stats")
             result["stats"] = stats
@@ -298,45 +190,6 @@ def wakeup(plan: Plan) -> dict[str, Any]:
 # -- the report ------------------------------------------------------------------------------
 
 
-def verdict(ok: bool) -> str:
-    return "met" if ok else "MISSED"
-
-
-def machine() -> str:
-    model = platform.processor() or "unknown CPU"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{os.cpu_count()} CPUs ({model}), Linux {platform.release()}"
-
-
-def code_version() -> str:
-    """The commit measured, and whether gateway/ differs from it (read-only git calls)."""
-
-    def git(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["git", "--no-optional-locks", *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        changed = git("diff-index", "--quiet", "HEAD", "--", "gateway")
-        untracked = git("ls-files", "--others", "--exclude-standard", "--", "gateway")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (git unavailable)"
-    if head.returncode != 0:
-        return "unknown (no commit)"
-    dirty = changed.returncode != 0 or bool(untracked.stdout.strip())
-    return f"git {head.stdout.strip()}" + (" + uncommitted changes in gateway/" if dirty else "")
-
-
 def report(
     command: str,
     plan: Plan,
@@ -350,11 +203,7 @@ def report(
     add(f"command: {command}")
     add(f"code: {code_version()}")
     add(f"machine: {machine()}")
-    add(
-        f"software: Python {platform.python_version()}, uvicorn {version('uvicorn')} "
-        f"(uvloop {version('uvloop')}, httptools {version('httptools')}), "
-        f"starlette {version('starlette')}"
-    )
+    add(f"software: {software()}")
     add(
         "placement: server on CPU 0, load generator on CPU 1"
         if plan.pin
