@@ -39,6 +39,7 @@ from gateway.backends.redis.keys import PoolKeys, escape_tenant, new_pod_id, une
 from gateway.backends.redis.script import StepScript
 from gateway.backends.redis.telemetry import observe
 from gateway.backends.redis.wire import (
+    RETRIED,
     AcquireOp,
     Batch,
     Header,
@@ -402,6 +403,7 @@ class RedisBackend:
         except UNREACHABLE as exc:
             if not retry:
                 raise RedisUnavailable(str(exc) or type(exc).__name__) from exc
+        args[RETRIED] = 1  # the call may have run: acquires check whether they did
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_delay(self._budget_s),
@@ -443,6 +445,7 @@ class RedisBackend:
         later.config = later.config or batch.config
         later.relearn = later.relearn or batch.relearn
         later.heartbeat = True
+        later.checked = later.checked or batch.checked
 
     def _apply(
         self, batch: Batch, ops: list[_Op], reply: StepReply, *, recovering: bool = False
@@ -477,6 +480,8 @@ class RedisBackend:
                 self._settings.lease_ttl_s,
             )
 
+        # waiters Redis knew before this call: after a new epoch it has forgotten them
+        known_before = sorted(self._confirmed) if new_epoch else []
         for entry, answer in zip(ops, reply.answers, strict=True):
             self._settle(entry, answer)
         for note in reply.notes:
@@ -494,7 +499,8 @@ class RedisBackend:
             )
             self._batch.config = self._config
             self._batch.heartbeat = True
-            for waiter_id in sorted(self._confirmed):
+            self._batch.checked = True
+            for waiter_id in known_before:
                 pending = self._waiting.get(waiter_id)
                 if pending is not None:
                     self._confirmed.discard(waiter_id)
@@ -655,6 +661,7 @@ class RedisBackend:
             reply.reasserted,
             len(moved),
         )
+        self._batch.checked = True
         for pending in moved:
             self._send_acquire(pending, "queue", None)
         self._kick()

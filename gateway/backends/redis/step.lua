@@ -24,17 +24,22 @@ local learn_ms = tonumber(ARGV[3])
 local channel = ARGV[4]
 local init_limit = ARGV[5]
 local max_queue = tonumber(ARGV[6])
-local cursor = 7
+local retried = ARGV[7] == '1' -- this call may have run before (its reply was lost)
 
-local function take()
-  local value = ARGV[cursor]
-  cursor = cursor + 1
-  return value
+-- each section of the call is one argument of space-separated words
+local function words(text)
+  local list = {}
+  for word in string.gmatch(text, '%S+') do
+    list[#list + 1] = word
+  end
+  return list
 end
 
 -- state ------------------------------------------------------------------------------
 
-local epoch = redis.call('HGET', S, 'epoch')
+local state = redis.call('HMGET', S, 'epoch', 'limit', 'inflight', 'learn_until', 'dweight',
+  'dcap', 'capped')
+local epoch = state[1]
 if not epoch then
   -- Redis lost the pool (restart without persistence, FLUSHALL, failover, eviction):
   -- start a new epoch, drop whatever fragments survived, and grant nothing new until
@@ -43,18 +48,21 @@ if not epoch then
     WEIGHTS, CAPS)
   epoch = clock[1] .. string.format('%06d', tonumber(clock[2]))
   redis.call('HSET', S, 'limit', init_limit, 'inflight', 0, 'epoch', epoch,
-    'learn_until', now + learn_ms, 'dweight', 1, 'dcap', -1, 'seq', 0, 'arr', 0)
+    'learn_until', now + learn_ms, 'dweight', 1, 'dcap', -1, 'capped', 0, 'seq', 0, 'arr', 0)
+  state = { epoch, init_limit, 0, now + learn_ms, 1, -1, 0 }
 end
 local seq = redis.call('HINCRBY', S, 'seq', 1)
-local limit = tonumber(redis.call('HGET', S, 'limit'))
-local inflight = tonumber(redis.call('HGET', S, 'inflight'))
-local learn_until = tonumber(redis.call('HGET', S, 'learn_until'))
-local dweight = tonumber(redis.call('HGET', S, 'dweight'))
-local dcap = tonumber(redis.call('HGET', S, 'dcap'))
+local limit = tonumber(state[2])
+local inflight = tonumber(state[3])
+local inflight_before = inflight
+local learn_until = tonumber(state[4])
+local dweight = tonumber(state[5])
+local dcap = tonumber(state[6])
+local capped = state[7] == '1'
+local nwait = redis.call('HLEN', WMETA) -- kept up to date below: nothing waits, nothing to do
 
 local function add_inflight(delta)
   inflight = inflight + delta
-  redis.call('HSET', S, 'inflight', inflight)
 end
 
 -- notifications: collected per pod, one PUBLISH per pod at the end --------------------
@@ -133,7 +141,7 @@ end
 local function add_tenant_inflight(tenant, delta)
   local left = redis.call('HINCRBY', TIN, tenant, delta)
   if left <= 0 then redis.call('HDEL', TIN, tenant) end
-  if tenant_queued(tenant) > 0 then rekey(tenant) end
+  if nwait > 0 and tenant_queued(tenant) > 0 then rekey(tenant) end
 end
 
 -- leases -----------------------------------------------------------------------------
@@ -145,9 +153,11 @@ local function pod_expiry(of_pod)
 end
 
 local function add_lease(id, tenant, seats, of_pod)
-  local expiry = now + ttl
-  local alive_until = pod_expiry(of_pod)
-  if alive_until and alive_until < expiry then expiry = alive_until end
+  local expiry = now + ttl -- the caller's own liveness was just renewed to the same
+  if of_pod ~= pod then
+    local alive_until = pod_expiry(of_pod)
+    if alive_until and alive_until < expiry then expiry = alive_until end
+  end
   redis.call('ZADD', LEASES, expiry, id)
   redis.call('HSET', LMETA, id, tenant .. '|' .. seats .. '|' .. of_pod)
   add_inflight(seats)
@@ -174,6 +184,7 @@ local function enqueue(id, tenant, rank, seats, deadline)
   redis.call('HSET', WMETA, id, rank .. '|' .. tenant .. '|' .. arrival .. '|' .. seats .. '|' .. pod)
   redis.call('ZADD', WDL, deadline, id)
   redis.call('HINCRBY', TQ, tenant, 1)
+  nwait = nwait + 1
   rekey(tenant)
 end
 
@@ -187,6 +198,7 @@ local function unqueue(id)
   redis.call('HDEL', WMETA, id)
   redis.call('ZREM', WDL, id)
   if redis.call('HINCRBY', TQ, parts[2], -1) <= 0 then redis.call('HDEL', TQ, parts[2]) end
+  nwait = nwait - 1
   rekey(parts[2])
   return parts
 end
@@ -197,6 +209,7 @@ local function drop(id, reason)
 end
 
 local function waiting_at_or_above(rank)
+  if nwait == 0 then return false end
   for r = 0, math.min(rank, WAITING_RANKS) do
     if redis.call('ZCARD', READY[r]) > 0 then return true end
   end
@@ -233,7 +246,7 @@ end
 -- hand free seats to waiters: strict priority across classes, weighted max-min across
 -- tenants, FIFO within a tenant, never skipping past a head that does not fit
 local function dispatch()
-  if learning() then return end
+  if nwait == 0 or learning() then return end
   for _ = 1, 100000 do
     local rank = nil
     for r = 0, WAITING_RANKS do
@@ -264,22 +277,29 @@ end
 
 redis.call('ZADD', PODS, now + ttl, pod)
 
--- configuration (sent after a pod starts and after a new epoch)
-if take() == '1' then
-  redis.call('HSET', S, 'dweight', take(), 'dcap', take())
-  dweight = tonumber(redis.call('HGET', S, 'dweight'))
-  dcap = tonumber(redis.call('HGET', S, 'dcap'))
+-- configuration (sent after a pod starts and after a new epoch):
+-- "<default weight> <default cap> <n> <tenant> <weight>... <m> <tenant> <cap>..."
+local config = words(ARGV[8])
+if #config > 0 then
+  dweight, dcap = tonumber(config[1]), tonumber(config[2])
   redis.call('DEL', WEIGHTS, CAPS)
-  for _ = 1, tonumber(take()) do
-    redis.call('HSET', WEIGHTS, take(), take())
+  local at = 4
+  for _ = 1, tonumber(config[3]) do
+    redis.call('HSET', WEIGHTS, config[at], config[at + 1])
+    at = at + 2
   end
-  for _ = 1, tonumber(take()) do
-    redis.call('HSET', CAPS, take(), take())
+  local ncaps = tonumber(config[at])
+  at = at + 1
+  for _ = 1, ncaps do
+    redis.call('HSET', CAPS, config[at], config[at + 1])
+    at = at + 2
   end
+  capped = dcap >= 0 or ncaps > 0
+  redis.call('HSET', S, 'dweight', dweight, 'dcap', dcap, 'capped', capped and 1 or 0)
 end
 
 -- a pod saw the sequence go backwards (a failover lost writes): new epoch, learn again
-if take() == '1' then
+if ARGV[9] == '1' then
   epoch = clock[1] .. string.format('%06d', tonumber(clock[2]))
   learn_until = now + learn_ms
   redis.call('HSET', S, 'epoch', epoch, 'learn_until', learn_until)
@@ -288,18 +308,17 @@ end
 -- heartbeat: renew this pod's leases, re-assert those Redis no longer has, and report
 -- waiters granted without the pod hearing of it, or lost
 local reasserted, missed, lost = 0, {}, {}
-if take() == '1' then
-  for _ = 1, tonumber(take()) do
-    local id, tenant, seats = take(), take(), tonumber(take())
-    if redis.call('ZSCORE', LEASES, id) then
-      redis.call('ZADD', LEASES, 'XX', now + ttl, id)
-    else
+if ARGV[10] == '1' then
+  local held = words(ARGV[11]) -- "<id> <tenant> <seats>..."
+  for at = 1, #held, 3 do
+    local id, tenant, seats = held[at], held[at + 1], tonumber(held[at + 2])
+    if redis.call('ZADD', LEASES, 'XX', 'CH', now + ttl, id) == 0
+        and not redis.call('ZSCORE', LEASES, id) then
       add_lease(id, tenant, seats, pod)
       reasserted = reasserted + 1
     end
   end
-  for _ = 1, tonumber(take()) do
-    local id = take()
+  for _, id in ipairs(words(ARGV[12])) do
     if redis.call('HEXISTS', WMETA, id) == 0 then -- else: still waiting
       if redis.call('HEXISTS', LMETA, id) == 1 then
         redis.call('ZADD', LEASES, 'XX', now + ttl, id)
@@ -312,7 +331,7 @@ if take() == '1' then
 end
 
 -- a new limit, from any pod: the one source of truth
-local new_limit = tonumber(take())
+local new_limit = tonumber(ARGV[13])
 if new_limit >= 0 then
   limit = new_limit
   redis.call('HSET', S, 'limit', limit)
@@ -322,21 +341,22 @@ end
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, 256)) do
   free_lease(id)
 end
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', WDL, '-inf', now, 'LIMIT', 0, 256)) do
-  drop(id, 'queue_timeout')
+if nwait > 0 then
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', WDL, '-inf', now, 'LIMIT', 0, 256)) do
+    drop(id, 'queue_timeout')
+  end
 end
 redis.call('ZREMRANGEBYSCORE', PODS, '-inf', now - 1)
 
 -- releases never fail: a lease Redis no longer has was already given back
-for _ = 1, tonumber(take()) do
-  free_lease(take())
+for _, id in ipairs(words(ARGV[14])) do
+  free_lease(id)
 end
 
--- cancels: 'c' taken out of the queue, 'r' a grant won the race and is given back now,
--- '-' neither (already dropped)
+-- cancels: 'c' taken out of the queue, 'r' a grant had won the race and is given back
+-- now, '-' neither (already dropped)
 local cancelled = {}
-for n = 1, tonumber(take()) do
-  local id = take()
+for n, id in ipairs(words(ARGV[15])) do
   if unqueue(id) then
     cancelled[n] = 'c'
   elseif free_lease(id) then
@@ -346,18 +366,22 @@ for n = 1, tonumber(take()) do
   end
 end
 
--- acquires: 'g' granted, 'q' queued, else the reason of the refusal
+-- acquires, "<id> <tenant> <rank> <seats> <action> <wait ms>...": answered 'g' granted,
+-- 'q' queued, else the reason of the refusal
 local answers = {}
-for n = 1, tonumber(take()) do
-  local id, tenant, rank, seats, action, wait_ms = take(), take(), tonumber(take()),
-    tonumber(take()), take(), tonumber(take())
+local acquires = words(ARGV[16])
+for at = 1, #acquires, 6 do
+  local id, tenant, rank, seats, action, wait_ms = acquires[at], acquires[at + 1],
+    tonumber(acquires[at + 2]), tonumber(acquires[at + 3]), acquires[at + 4],
+    tonumber(acquires[at + 5])
   local answer
-  if redis.call('HEXISTS', LMETA, id) == 1 then
+  if retried and redis.call('HEXISTS', LMETA, id) == 1 then
     answer = 'g' -- a retry of a call whose reply was lost
-  elseif redis.call('HEXISTS', WMETA, id) == 1 then
+  elseif retried and redis.call('HEXISTS', WMETA, id) == 1 then
     answer = 'q'
   else
-    local cap = tonumber(redis.call('HGET', CAPS, tenant) or dcap)
+    local cap = dcap
+    if capped then cap = tonumber(redis.call('HGET', CAPS, tenant) or dcap) end
     if cap >= 0 and tenant_inflight(tenant) + tenant_queued(tenant) + seats > cap then
       answer = 'tenant_limit'
     elseif not learning() and inflight + seats <= limit and not waiting_at_or_above(rank) then
@@ -366,7 +390,7 @@ for n = 1, tonumber(take()) do
     elseif rank > WAITING_RANKS then
       answer = 'no_wait'
     else
-      local full = redis.call('HLEN', WMETA) >= max_queue
+      local full = nwait >= max_queue
       if action == 'reject' then
         if full then answer = 'queue_full' else answer = 'over_capacity' end
       elseif full and action ~= 'evict' then
@@ -386,7 +410,7 @@ for n = 1, tonumber(take()) do
       end
     end
   end
-  answers[n] = answer
+  answers[#answers + 1] = answer
 end
 
 dispatch()
@@ -395,10 +419,12 @@ for to_pod, list in pairs(notes) do
   redis.call('PUBLISH', channel .. to_pod, table.concat(list, ' '))
 end
 
+if inflight ~= inflight_before then redis.call('HSET', S, 'inflight', inflight) end
+
 local learning_ms = 0
 if learning() then learning_ms = learn_until - now end
 return {
-  limit, inflight, redis.call('HLEN', WMETA), epoch, seq,
-  redis.call('ZCOUNT', PODS, now, '+inf'), learning_ms,
-  answers, cancelled, { reasserted, missed, lost }, own_notes,
+  limit, inflight, nwait, epoch, seq, redis.call('ZCOUNT', PODS, now, '+inf'), learning_ms,
+  table.concat(answers, ' '), table.concat(cancelled, ' '), reasserted,
+  table.concat(missed, ' '), table.concat(lost, ' '), table.concat(own_notes, ' '),
 }

@@ -46,6 +46,9 @@ class Batch:
     releases: list[str] = field(default_factory=list)
     cancels: list[str] = field(default_factory=list)
     acquires: list[AcquireOp] = field(default_factory=list)
+    checked: bool = False
+    """Some acquires may already be known to Redis (a retry, a waiter handed back):
+    the script then checks each id before acting on it."""
 
     def __bool__(self) -> bool:
         return bool(
@@ -71,6 +74,10 @@ class Header:
     max_queue: int
 
 
+#: Index in ARGV of the flag saying a call may have run before (set on retries).
+RETRIED = 6
+
+
 def encode(
     header: Header,
     batch: Batch,
@@ -78,44 +85,49 @@ def encode(
     waiters: Sequence[str] = (),
 ) -> list[Arg]:
     """ARGV for one call; ``leases`` (id, tenant, seats) and ``waiters`` (ids) are the
-    heartbeat's report of what this pod holds, sent only when ``batch.heartbeat``."""
-    args: list[Arg] = [
+    heartbeat's report of what this pod holds, sent only when ``batch.heartbeat``.
+
+    Each section is one space-separated string: ids and escaped tenants contain no
+    spaces, and one argument per section keeps packing and parsing cheap on both sides.
+    """
+    config = ""
+    if batch.config is not None:
+        c = batch.config
+        cap = -1 if c.default_cap is None else c.default_cap
+        parts = [repr(c.default_weight), str(cap), str(len(c.weights))]
+        for tenant, weight in c.weights:
+            parts += [tenant, repr(weight)]
+        parts.append(str(len(c.caps)))
+        for tenant, tenant_cap in c.caps:
+            parts += [tenant, str(tenant_cap)]
+        config = " ".join(parts)
+    held = ""
+    waiting = ""
+    if batch.heartbeat:
+        held = " ".join(f"{lease} {tenant} {seats}" for lease, tenant, seats in leases)
+        waiting = " ".join(waiters)
+    acquires = " ".join(
+        f"{op.id} {op.tenant} {op.rank} {op.seats} {op.action} {op.wait_ms}"
+        for op in batch.acquires
+    )
+    return [
         header.pod,
         header.ttl_ms,
         header.learn_ms,
         header.channel_prefix,
         header.init_limit,
         header.max_queue,
+        1 if batch.checked else 0,
+        config,
+        1 if batch.relearn else 0,
+        1 if batch.heartbeat else 0,
+        held,
+        waiting,
+        -1 if batch.set_limit is None else batch.set_limit,
+        " ".join(batch.releases),
+        " ".join(batch.cancels),
+        acquires,
     ]
-    config = batch.config
-    if config is None:
-        args.append(0)
-    else:
-        cap = -1 if config.default_cap is None else config.default_cap
-        args += [1, repr(config.default_weight), cap, len(config.weights)]
-        for tenant, weight in config.weights:
-            args += [tenant, repr(weight)]
-        args.append(len(config.caps))
-        for tenant, tenant_cap in config.caps:
-            args += [tenant, tenant_cap]
-    args.append(1 if batch.relearn else 0)
-    if batch.heartbeat:
-        args += [1, len(leases)]
-        for lease in leases:
-            args += lease
-        args.append(len(waiters))
-        args += waiters
-    else:
-        args.append(0)
-    args.append(-1 if batch.set_limit is None else batch.set_limit)
-    args.append(len(batch.releases))
-    args += batch.releases
-    args.append(len(batch.cancels))
-    args += batch.cancels
-    args.append(len(batch.acquires))
-    for op in batch.acquires:
-        args += [op.id, op.tenant, op.rank, op.seats, op.action, op.wait_ms]
-    return args
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,20 +177,24 @@ class StepReply:
 
 
 def decode(raw: Any) -> StepReply:
-    limit, inflight, queued, epoch, seq, pods, learning, answers, cancelled, beat, notes = raw
-    reasserted, missed, lost = beat
+    (limit, inflight, queued, epoch, seq, pods, learning, answers, cancelled, reasserted,
+     missed, lost, notes) = raw  # fmt: skip
     return StepReply(
         limit=int(limit),
         inflight=int(inflight),
         queued=int(queued),
-        epoch=str(epoch),
+        epoch=_text(epoch),
         seq=int(seq),
         live_pods=int(pods),
         learning_ms=int(learning),
-        answers=[str(a) for a in answers],
-        cancelled=[str(c) for c in cancelled],
+        answers=_text(answers).split(),
+        cancelled=_text(cancelled).split(),
         reasserted=int(reasserted),
-        missed=[str(m) for m in missed],
-        lost=[str(x) for x in lost],
-        notes=parse_notes([str(n) for n in notes]),
+        missed=_text(missed).split(),
+        lost=_text(lost).split(),
+        notes=parse_notes(_text(notes).split()),
     )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
