@@ -186,6 +186,8 @@ class RedisBackend:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        with contextlib.suppress(Exception):
+            await self._script.aclose()
         if not self._client_given:
             with contextlib.suppress(Exception):
                 await self._client.aclose()
