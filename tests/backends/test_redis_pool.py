@@ -381,3 +381,32 @@ def _gauges(reader: InMemoryMetricReader) -> dict[str, float]:
                     [point] = metric.data.data_points
                     found[metric.name] = point.value
     return found
+
+
+async def test_a_pool_that_goes_back_in_time_starts_a_learning_window(
+    pods: Pods, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failover to a replica that missed writes shows as a sequence number lower than
+    one a pod already saw: the pod starts a learning window, nothing is granted during it,
+    and what it holds is written back."""
+    gateway = await pods.start(global_max_in_flight=2, learning_window_s=TTL)
+    held = await gateway.scheduler.acquire(Ticket("t"))
+    for _ in range(5):
+        (await gateway.scheduler.acquire(Ticket("t"))).release()
+    await backend(gateway).settled()
+    await pods.client.hset(PoolKeys(pods.pool).key("state"), "seq", 1)
+    # the call that reveals it was answered from the old state; the next ones learn
+    (await gateway.scheduler.acquire(Ticket("t"))).release()
+    assert await eventually(lambda: _learning(gateway), TTL)
+    late = asyncio.create_task(gateway.scheduler.acquire(Ticket("u")))
+    assert "went back in time" in caplog.text
+    await asyncio.sleep(TTL / 2)
+    assert not late.done()
+    (await asyncio.wait_for(late, 3 * TTL)).release()
+    held.release()
+    assert (await pods.wait_empty(2)).empty
+
+
+async def _learning(gateway: Gateway) -> bool:
+    await backend(gateway).settled()
+    return backend(gateway).learning_ms > 0
