@@ -126,6 +126,14 @@ class Settings:
     def error(self, name: str, value: object, expected: str) -> ConfigError:
         return ConfigError(self.label(name), value, expected)
 
+    def tenant_caps(self) -> tuple[dict[str, int], int | None]:
+        """``tenant_max_in_flight`` split into the named tenants' caps and everyone else's."""
+        caps = self.tenant_max_in_flight
+        if caps is None or isinstance(caps, int):
+            return {}, caps
+        named = dict(caps)
+        return named, named.pop("*", None)
+
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 

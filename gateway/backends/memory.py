@@ -23,19 +23,10 @@ class MemoryBackend:
     def __init__(
         self, settings: Settings, *, limit: Callable[[], int], policy: OverflowPolicy
     ) -> None:
-        caps = settings.tenant_max_in_flight
-        per_tenant = {} if caps is None or isinstance(caps, int) else dict(caps)
-        default_cap = caps if isinstance(caps, int) else per_tenant.pop("*", None)
         self._settings = settings
         self._limit = limit
         self._decide = policy.decide
-        self._queue = FairQueue(
-            max_queue=settings.max_queue,
-            weights=settings.tenant_weights,
-            default_weight=settings.default_tenant_weight,
-            tenant_caps=per_tenant,
-            default_cap=default_cap,
-        )
+        self._queue = fair_queue_for(settings)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
@@ -120,6 +111,18 @@ class MemoryBackend:
                     handed_back = True
                     continue
                 future.set_result(Permit(waiter.ticket))
+
+
+def fair_queue_for(settings: Settings) -> FairQueue:
+    """An empty fair queue with the settings' bound, weights and caps."""
+    per_tenant, default_cap = settings.tenant_caps()
+    return FairQueue(
+        max_queue=settings.max_queue,
+        weights=settings.tenant_weights,
+        default_weight=settings.default_tenant_weight,
+        tenant_caps=per_tenant,
+        default_cap=default_cap,
+    )
 
 
 def _fail(waiter: Waiter, error: Rejected) -> None:

@@ -29,10 +29,10 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Coroutine
 from typing import Any
 
 import redis.asyncio as aioredis
+from loadgen import run_on_uvloop  # a sibling script: tests/bench is on sys.path
 
 from gateway import Gateway, Settings
 from gateway.backends.redis import RedisBackend
@@ -155,15 +155,6 @@ async def measure(redis_url: str, pool: str, samples: int) -> dict[str, Any]:
         for pod in pods:
             await pod.stop()
     return result
-
-
-def run_on_uvloop(coroutine: Coroutine[Any, Any, dict[str, Any]]) -> tuple[dict[str, Any], str]:
-    """Run on uvloop, as the measured servers do; on asyncio's loop where it is missing."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coroutine), "asyncio"
-    return uvloop.run(coroutine), "uvloop"
 
 
 def main() -> None:

@@ -22,8 +22,10 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+from loadgen import run_on_uvloop  # a sibling script: tests/bench is on sys.path
 
 from gateway import Gateway, Settings
 from gateway.core.tickets import Ticket
@@ -164,15 +166,6 @@ async def measure(samples: int, max_seconds: float) -> dict[str, Any]:
         "idle": summary(await gateway_idle(samples, warmup)),
         "loaded": summary(await gateway_loaded(samples, warmup, max_seconds)),
     }
-
-
-def run_on_uvloop(coroutine: Coroutine[Any, Any, dict[str, Any]]) -> tuple[dict[str, Any], str]:
-    """Run on uvloop, as the measured servers do; on asyncio's loop where it is missing."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coroutine), "asyncio"
-    return uvloop.run(coroutine), "uvloop"
 
 
 def main() -> None:

@@ -742,9 +742,7 @@ def _fail(pending: Pending, error: Rejected) -> None:
 
 
 def _pod_config(settings: Settings) -> PodConfig:
-    caps = settings.tenant_max_in_flight
-    per_tenant = {} if caps is None or isinstance(caps, int) else dict(caps)
-    default_cap = caps if isinstance(caps, int) else per_tenant.pop("*", None)
+    per_tenant, default_cap = settings.tenant_caps()
     return PodConfig(
         default_weight=settings.default_tenant_weight,
         default_cap=default_cap,

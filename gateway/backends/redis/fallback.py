@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from gateway.backends.memory import fair_queue_for
 from gateway.core.admission import Granted, OverflowAction, Queued, QueueView, admit, dispatch
-from gateway.core.fairqueue import FairQueue, Waiter
+from gateway.core.fairqueue import Waiter
 from gateway.core.tickets import Ticket
 from gateway.errors import Rejected, RejectReason
 from gateway.protocols import Pending, Permit
@@ -50,16 +51,7 @@ class Fallback:
         self._held = held
         self._waiting = waiting
         self._new_id = new_id
-        caps = settings.tenant_max_in_flight
-        per_tenant = {} if caps is None or isinstance(caps, int) else dict(caps)
-        default_cap = caps if isinstance(caps, int) else per_tenant.pop("*", None)
-        self._queue = FairQueue(
-            max_queue=settings.max_queue,
-            weights=settings.tenant_weights,
-            default_weight=settings.default_tenant_weight,
-            tenant_caps=per_tenant,
-            default_cap=default_cap,
-        )
+        self._queue = fair_queue_for(settings)
         self._waiters: dict[str, Waiter] = {}
         # seats this pod holds, counted against its local share
         self._counted: dict[str, Ticket] = {}
