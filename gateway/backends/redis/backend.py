@@ -23,7 +23,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 import redis.exceptions
 from tenacity import (
@@ -147,6 +147,7 @@ class RedisBackend:
 
         self._fallback: Fallback | None = None
         self.degraded_since: float | None = None
+        self._view = _PoolView(self)
         observe(self)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -679,7 +680,7 @@ class RedisBackend:
     def _action_for(self, ticket: Ticket) -> OverflowAction:
         if ticket.rank >= NO_WAIT_RANK:
             return "reject"
-        return self._decide(_PoolView(self), ticket)
+        return self._decide(self._view, ticket)
 
     def _weight(self, tenant: str) -> float:
         return self._settings.tenant_weights.get(tenant, self._settings.default_tenant_weight)
@@ -721,9 +722,7 @@ class _PoolView:
         return self._backend._weight(tenant)
 
 
-_REASONS: frozenset[str] = frozenset(
-    ("queue_full", "queue_timeout", "evicted", "no_wait", "tenant_limit", "over_capacity")
-)
+_REASONS: frozenset[str] = frozenset(get_args(RejectReason))
 
 
 def _reason(answer: str) -> RejectReason:

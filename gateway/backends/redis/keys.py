@@ -8,6 +8,7 @@ and, when long, hashed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -63,8 +64,12 @@ class PoolKeys:
         return self.channel_prefix + pod
 
 
+@functools.lru_cache(maxsize=4096)
 def escape_tenant(tenant: str) -> str:
-    """The tenant as it may appear in Redis: reversible unless longer than 96 characters."""
+    """The tenant as it may appear in Redis: reversible unless longer than 96 characters.
+
+    Cached: it runs for every request, and a service sees the same tenants again and again.
+    """
     escaped = quote(tenant, safe="-._~")
     if len(escaped) <= _LONG_TENANT:
         return escaped
