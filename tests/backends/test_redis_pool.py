@@ -110,11 +110,10 @@ async def test_a_waiter_on_another_pod_is_woken_by_a_release(pods: Pods) -> None
     holder = await a.scheduler.acquire(Ticket("t"))
     waiter = asyncio.create_task(b.scheduler.acquire(Ticket("u")))
     await eventually(lambda: _queued(pods, 1), 2)
-    started = time.perf_counter()
     holder.release()
     permit = await asyncio.wait_for(waiter, 2)
-    assert time.perf_counter() - started < TTL / 3  # faster than a heartbeat could do it
-    assert backend(b).notes_received["granted"] == 1
+    # the grant came by message; a heartbeat picking it up would count as "missed"
+    assert backend(b).notes_received == {"granted": 1}
     permit.release()
     assert (await pods.wait_empty(2)).empty
 
@@ -150,12 +149,25 @@ async def test_a_silent_pods_seats_come_back_within_one_ttl(pods: Pods) -> None:
     for _ in range(2):
         await silent.scheduler.acquire(Ticket("t"))
     _silence(silent)
+    # on Redis' own clock, every lease of the silent pod ends within one TTL from now
+    assert max(await _ms_left(pods, backend(silent).pod)) <= TTL * 1000
     waiter = asyncio.create_task(other.scheduler.acquire(Ticket("u")))
-    started = time.monotonic()
     permit = await asyncio.wait_for(waiter, TTL * 4)
-    assert time.monotonic() - started <= TTL + TTL / 3 + 0.3
     permit.release()
     assert (await pods.wait_empty(2)).empty
+
+
+async def _ms_left(pods: Pods, pod: str) -> list[int]:
+    """Milliseconds each lease of ``pod`` has left, by Redis' clock."""
+    keys = PoolKeys(pods.pool)
+    metas = await pods.client.hgetall(keys.key("lmeta"))
+    seconds, micros = await pods.client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    left = []
+    for lease, meta in metas.items():
+        if meta.endswith("|" + pod):
+            left.append(int(await pods.client.zscore(keys.key("leases"), lease)) - now_ms)
+    return left
 
 
 def _silence(gateway: Gateway) -> None:

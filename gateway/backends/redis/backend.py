@@ -490,6 +490,7 @@ class RedisBackend:
         for note in reply.notes:
             self._on_note(note)
         for waiter_id in reply.missed:
+            self.notes_received["missed"] += 1  # found by the heartbeat, not by a message
             self._on_note(Note(waiter_id))
 
         if new_epoch:
