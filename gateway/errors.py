@@ -7,7 +7,8 @@
     ├── PluginError                a plugin failed to load or returned garbage: names it
     ├── BadRequest                 a request Obleth cannot classify: answered 400
     ├── Disconnected               the client went away while its request waited
-    └── Rejected                   a request was not admitted; carries the HTTP answer
+    ├── Rejected                   a request was not admitted; carries the HTTP answer
+    └── Unroutable                 an admitted request has no upstream to go to (404/503)
 
 Every message says what happened, which setting, input or plugin caused it, and what
 to do about it.
@@ -95,3 +96,17 @@ class Rejected(OblethError):
     def status(self) -> int:
         """429 when the tenant is over its own cap, 503 when the service is full."""
         return 429 if self.reason == "tenant_limit" else 503
+
+
+class Unroutable(OblethError):
+    """No configured upstream can take an admitted request.
+
+    ``status`` 404 with ``code`` ``model_not_found`` when no upstream serves the model the
+    request names; 503 ``no_healthy_upstream`` when every upstream that serves it fails its
+    health checks.
+    """
+
+    def __init__(self, message: str, *, status: int, code: str) -> None:
+        self.status = status
+        self.code = code
+        super().__init__(message)

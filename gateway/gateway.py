@@ -16,8 +16,15 @@ from gateway.capacity import Capacity, ProviderFailed
 from gateway.errors import PluginError
 from gateway.plugins import Plugins
 from gateway.protocols import CapacityProvider, CounterBackend, OverflowPolicy, Snapshot
+from gateway.routing.fleet import Fleet
+from gateway.routing.inflight import InFlight
+from gateway.routing.readings import Readings
+from gateway.routing.router import Router, ScorerEntry
 from gateway.scheduler import Scheduler
 from gateway.settings import Settings
+
+STALE_AFTER_INTERVALS = 3
+"""A reading older than this many polling intervals counts as saturated."""
 
 
 class Gateway:
@@ -54,8 +61,41 @@ class Gateway:
         self.backend: CounterBackend = _backend_for(self.settings, self.capacity, self.policy)
         self.capacity.subscribe(self.backend.limit_changed)
         self.scheduler = Scheduler(self.backend, self.settings)
+        urls = [upstream.url for upstream in self.settings.upstreams]
+        #: the latest load reading of every upstream (empty without upstreams); capacity
+        #: providers with a ``use_readings(readings)`` method are handed it at assembly
+        self.readings = Readings(
+            urls,
+            stale_after_s=STALE_AFTER_INTERVALS * self.settings.upstream_poll_interval_s,
+        )
+        for provider in self.providers.values():
+            use_readings = getattr(provider, "use_readings", None)
+            if use_readings is not None:
+                use_readings(self.readings)
+        #: chooses an upstream per request; None when no upstreams are configured
+        self.router: Router | None = self._router(urls) if urls else None
+        self._poller: Any = None
         self._started = False
         self._start_lock: asyncio.Lock | None = None
+
+    def _router(self, urls: list[str]) -> Router:
+        settings = self.settings
+        inflight = _inflight_for(settings, urls)
+        scorers = []
+        if settings.routing_policy == "weighted":
+            for name, weight in settings.routing_scorers.items():
+                scorer = self.plugins.build("routing scorer", name)
+                plugin = self.plugins.plugin_of("routing scorer", name)
+                scorers.append(ScorerEntry(name, plugin, scorer, weight))
+        return Router(
+            settings.upstreams,
+            Fleet(self.readings, inflight),
+            policy=settings.routing_policy,
+            scorers=scorers,
+            load_bound=settings.routing_load_bound,
+            seed=settings.routing_seed,
+            complain=self.plugins.complain,
+        )
 
     async def start(self) -> None:
         """Start providers and the backend; safe to call more than once."""
@@ -67,6 +107,16 @@ class Gateway:
             if self._started:
                 return
             await self.backend.start()
+            if self.router is not None:
+                from gateway.routing.poller import Poller
+
+                self._poller = Poller(
+                    self.readings,
+                    interval_s=self.settings.upstream_poll_interval_s,
+                    timeout_s=self.settings.upstream_poll_timeout_s,
+                )
+                await self._poller.start()
+                await self.router.fleet.inflight.start()
             for name, provider in self.providers.items():
                 start = getattr(provider, "start", None)
                 if start is not None:
@@ -95,6 +145,11 @@ class Gateway:
             if stop is not None:
                 with contextlib.suppress(Exception):
                     await stop()
+        if self.router is not None:
+            await self.router.fleet.inflight.stop()
+        if self._poller is not None:
+            await self._poller.stop()
+            self._poller = None
         await self.backend.stop()
 
     def set_capacity(self, limit: int) -> None:
@@ -123,3 +178,12 @@ def _backend_for(settings: Settings, capacity: Capacity, policy: OverflowPolicy)
     from gateway.backends.redis import RedisBackend  # redis-py loads only in cluster mode
 
     return RedisBackend(settings, limit=capacity.current, policy=policy)
+
+
+def _inflight_for(settings: Settings, urls: list[str]) -> InFlight:
+    """Counted in this process by default; shared by every pod through Redis in cluster mode."""
+    if settings.redis_url is None:
+        return InFlight(urls)
+    from gateway.routing.shared_inflight import SharedInFlight
+
+    return SharedInFlight(settings, urls)

@@ -87,6 +87,20 @@ def obleth_request_admitted(request: RequestInfo, wait_s: float) -> None:
 
 
 @hookspec
+def obleth_request_routed(
+    request: RequestInfo, upstream: str, scores: Mapping[str, Mapping[str, float]]
+) -> None:
+    """Observe where the router sent an admitted request, and why.
+
+    ``upstream`` is the chosen base URL; ``scores`` has, per scorer of the ``weighted``
+    policy (plus ``total``), the score of each candidate upstream, or the numbers the
+    ``round-robin`` / ``least-loaded`` policy decided on. Called only when upstreams are
+    configured, once per request, before the request is forwarded; no I/O. Do not keep
+    or change ``scores``: copy what you need.
+    """
+
+
+@hookspec
 def obleth_request_rejected(request: RequestInfo, reason: str) -> None:
     """Observe a request answered 503/429 with ``reason`` (``queue_full``,
     ``queue_timeout``, ``evicted``, ``no_wait``, ``tenant_limit``, ``over_capacity``,

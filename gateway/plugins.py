@@ -125,11 +125,14 @@ class Plugins:
         self._on_admitted = self._impls("obleth_request_admitted")
         self._on_rejected = self._impls("obleth_request_rejected")
         self._on_finished = self._impls("obleth_request_finished")
+        self._on_routed = self._impls("obleth_request_routed")
         self._last_complaint: dict[str, float] = {}
         #: whether any classifier reads the body (only then does the middleware read it)
         self.wants_body = any("body" in impl.argnames for impl in self._classifiers)
         #: whether any plugin observes requests (else the middleware skips the bookkeeping)
         self.observes = bool(self._on_admitted or self._on_rejected or self._on_finished)
+        #: whether any plugin observes routing decisions
+        self.observes_routing = bool(self._on_routed)
         # with the built-in classifier alone, decode only the headers it reads
         self._builtin_only = [impl.plugin for impl in self._classifiers] == [_BUILTIN_CLASSIFIER]
         self._header_names: frozenset[bytes] | None = None
@@ -352,6 +355,19 @@ class Plugins:
             "obleth_request_finished",
             {"request": request, "duration_s": duration_s, "outcome": outcome},
         )
+
+    def routed(
+        self, request: RequestInfo, upstream: str, scores: Mapping[str, Mapping[str, float]]
+    ) -> None:
+        self._notify(
+            self._on_routed,
+            "obleth_request_routed",
+            {"request": request, "upstream": upstream, "scores": scores},
+        )
+
+    def complain(self, plugin: str, problem: str) -> None:
+        """Log that ``plugin`` failed on the request path (rate-limited per plugin)."""
+        self._complain(plugin, "the request path", problem)
 
     def _notify(self, impls: Sequence[_Impl], hook: str, arguments: Mapping[str, Any]) -> None:
         for impl in impls:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from gateway.core.tickets import PRIORITIES, Priority
 from gateway.core.weights import WeightSyntaxError, check_weights, parse_weights
 from gateway.errors import ConfigError
+from gateway.routing.upstreams import Upstream, UpstreamSyntaxError, parse_upstream_entry
 
 ENV_PREFIX = "OBLETH_"
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9a-z]+$")
@@ -88,6 +89,40 @@ class Settings:
     learning_window_s: float | None = None
     """After Redis lost its state, how long nothing new is granted while pods re-assert what
     they hold; default two heartbeats plus ``redis_retry_budget_s``."""
+    upstreams: tuple[Upstream, ...] = ()
+    """Inference servers to route admitted requests to: base URLs, each optionally with the
+    models it serves (``http://vllm-0:8000=llama-3|qwen``). Empty: no routing."""
+    routing_policy: Literal["weighted", "round-robin", "least-loaded"] = "weighted"
+    """How an upstream is chosen: the weighted sum of ``routing_scorers``, ``round-robin``,
+    or ``least-loaded`` (fewest waiting + running + our requests in flight)."""
+    routing_scorers: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({"prefix-affinity": 5.0, "queue-depth": 1.0})
+    )
+    """Scorers and weights of the ``weighted`` policy: ``prefix-affinity:5,queue-depth:1``."""
+    routing_load_bound: float = 1.5
+    """The ``weighted`` policy passes over an upstream whose requests in flight would exceed
+    this multiple of the average (the load guard that keeps affinity from piling on)."""
+    routing_seed: int | None = None
+    """Seed of the random choice between upstreams that tie; unset, a random seed."""
+    session_header: str = "x-session-id"
+    """Request header carrying a session id, for the ``session-affinity`` scorer."""
+    upstream_header: bool = False
+    """Add ``X-Obleth-Upstream`` (the chosen upstream) to every routed response."""
+    prefix_block_bytes: int = 256
+    """Size of the prompt blocks ``prefix-affinity`` hashes (256 bytes is ~64 tokens)."""
+    prefix_index_blocks: int = 16384
+    """How many block hashes ``prefix-affinity`` remembers per upstream (an LRU)."""
+    upstream_poll_interval_s: float = 0.25
+    """How often each upstream's ``/metrics`` and ``/health`` are read; a reading older
+    than three intervals counts as saturated."""
+    upstream_poll_timeout_s: float = 0.2
+    """How long one scrape may take before the upstream counts as not answering."""
+    upstream_connect_timeout_s: float = 5.0
+    """Proxy: how long connecting to an upstream (or waiting for a pooled connection) may take."""
+    upstream_response_timeout_s: float | None = 300.0
+    """Proxy: how long an upstream may take to start its response before the client gets 504."""
+    upstream_read_timeout_s: float | None = 300.0
+    """Proxy: the longest silence allowed inside a streamed response before it is cut."""
     source: Literal["code", "env"] = field(default="code", compare=False, repr=False)
     """Where the values came from, so that errors name what the user actually wrote."""
 
@@ -363,6 +398,84 @@ def _check_optional_window(settings: Settings, name: str, value: Any) -> float |
     return float(value)
 
 
+def _env_upstreams(key: str, text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.replace("\n", ",").split(",") if part.strip())
+
+
+def _check_upstreams(settings: Settings, name: str, value: Any) -> tuple[Upstream, ...]:
+    from gateway.proxy.upstream import parse_upstream
+
+    expected = "expected base URLs like http://vllm-0:8000, each optionally =model|model"
+    if isinstance(value, str):
+        value = _env_upstreams(name, value)
+    if not isinstance(value, list | tuple):
+        raise settings.error(name, value, expected)
+    upstreams: list[Upstream] = []
+    for entry in value:
+        try:
+            upstream = parse_upstream_entry(entry)
+        except UpstreamSyntaxError as exc:
+            raise settings.error(name, entry, f"{exc}; {expected}") from None
+        parse_upstream(upstream.url, settings.label(name))
+        if any(known.url == upstream.url for known in upstreams):
+            raise settings.error(name, entry, f"{upstream.url} is listed twice")
+        upstreams.append(upstream)
+    return tuple(upstreams)
+
+
+def _check_routing_policy(settings: Settings, name: str, value: Any) -> str:
+    if value not in ("weighted", "round-robin", "least-loaded"):
+        raise settings.error(name, value, "expected weighted, round-robin or least-loaded")
+    return str(value)
+
+
+def _env_scorers(key: str, text: str) -> dict[str, float]:
+    try:
+        return parse_weights(text)
+    except WeightSyntaxError as exc:
+        raise ConfigError(
+            key, text, f"{exc}; expected scorer:weight pairs like prefix-affinity:5,queue-depth:1"
+        ) from None
+
+
+def _check_scorers(settings: Settings, name: str, value: Any) -> Mapping[str, float]:
+    """Syntax here; whether each scorer is installed is checked when plugins are loaded."""
+    example = "expected scorer:weight pairs like prefix-affinity:5,queue-depth:1"
+    try:
+        if isinstance(value, str):
+            weights = parse_weights(value)
+        elif isinstance(value, Mapping):
+            weights = check_weights(value)
+        else:
+            raise settings.error(name, value, example)
+    except WeightSyntaxError as exc:
+        raise settings.error(name, value, f"{exc}; {example}") from None
+    if not weights:
+        raise settings.error(name, value, f"no scorer given; {example}")
+    return MappingProxyType(weights)
+
+
+def _check_load_bound(settings: Settings, name: str, value: Any) -> float:
+    valid = isinstance(value, int | float) and not isinstance(value, bool)
+    if not valid or not math.isfinite(value) or value < 1:
+        raise settings.error(name, value, "expected a finite number of at least 1, e.g. 1.5")
+    return float(value)
+
+
+def _check_seed(settings: Settings, name: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise settings.error(name, value, "expected a whole number, or unset")
+    return value
+
+
+def _env_optional_int(key: str, text: str) -> int | None:
+    return _env_int(key, text) if text.strip() else None
+
+
+def _check_optional_seconds(settings: Settings, name: str, value: Any) -> float | None:
+    return None if value is None else _check_seconds(settings, name, value)
+
+
 def _env_optional_float(key: str, text: str) -> float | None:
     return _env_float(key, text) if text.strip() else None
 
@@ -400,6 +513,20 @@ _SPECS: dict[str, _Spec] = {
         _spec("redis_pool_size", _env_int, _check_int(2)),
         _spec("redis_retry_budget_s", _env_float, _check_seconds),
         _spec("learning_window_s", _env_optional_float, _check_optional_window),
+        _spec("upstreams", _env_upstreams, _check_upstreams),
+        _spec("routing_policy", _env_text, _check_routing_policy),
+        _spec("routing_scorers", _env_scorers, _check_scorers),
+        _spec("routing_load_bound", _env_float, _check_load_bound),
+        _spec("routing_seed", _env_optional_int, _check_seed),
+        _spec("session_header", _env_text, _check_required_header),
+        _spec("upstream_header", _env_bool, _check_bool),
+        _spec("prefix_block_bytes", _env_int, _check_int(1)),
+        _spec("prefix_index_blocks", _env_int, _check_int(1)),
+        _spec("upstream_poll_interval_s", _env_float, _check_seconds),
+        _spec("upstream_poll_timeout_s", _env_float, _check_seconds),
+        _spec("upstream_connect_timeout_s", _env_float, _check_seconds),
+        _spec("upstream_response_timeout_s", _env_optional_float, _check_optional_seconds),
+        _spec("upstream_read_timeout_s", _env_optional_float, _check_optional_seconds),
     )
 }
 

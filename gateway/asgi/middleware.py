@@ -15,14 +15,16 @@ from collections.abc import Iterable
 
 from gateway.asgi.body import RequestBody
 from gateway.asgi.lifespan import run_lifespan
-from gateway.asgi.responses import send_bad_request, send_rejection
+from gateway.asgi.responses import send_bad_request, send_json_error, send_rejection
 from gateway.core.tickets import Ticket
 from gateway.core.tickets import ticket as make_ticket
-from gateway.errors import BadRequest, Disconnected, Rejected
+from gateway.errors import BadRequest, Disconnected, Rejected, Unroutable
 from gateway.gateway import Gateway
 from gateway.protocols import Classification, Permit, RequestInfo
+from gateway.routing.request import RouteRequest, blocks_of, model_of, parse_body, prompt_text
+from gateway.routing.router import Decision
 from gateway.settings import Settings
-from gateway.types import ASGIApp, Receive, Scope, Send
+from gateway.types import ASGIApp, Message, Receive, Scope, Send
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -36,7 +38,10 @@ class GatewayMiddleware:
 
     What the app can rely on: ``scope["state"]["obleth"]`` holds ``tenant``, ``priority``
     and ``waited_s`` of the admitted request; the body it receives is the one the client
-    sent, byte for byte.
+    sent, byte for byte. When upstreams are configured it also holds ``upstream`` (the
+    base URL chosen), ``scores`` (why) and ``route`` (the router's ``Decision``, whose
+    ``upstream`` follows a retry on another upstream); the request counts against its
+    upstream until the app returns.
     """
 
     def __init__(
@@ -59,7 +64,11 @@ class GatewayMiddleware:
         self._plugins = self.gateway.plugins
         self._scheduler = self.gateway.scheduler
         self._observes = self._plugins.observes
-        self._reads_body = self._plugins.wants_body
+        self._router = self.gateway.router
+        self._reads_body = self._plugins.wants_body or self._router is not None
+        self._session_header = config.session_header.encode("latin-1")
+        self._block_bytes = config.prefix_block_bytes
+        self._upstream_header = config.upstream_header
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -78,7 +87,7 @@ class GatewayMiddleware:
         payload = None
         try:
             headers = plugins.headers_of(scope)
-            if self._reads_body and _has_json_body(scope, headers):
+            if self._reads_body and _has_json_body(scope):
                 body = RequestBody(receive, self._max_body)
                 payload = await body.read()
             classification = plugins.classify(scope, headers, payload) or self._default
@@ -105,6 +114,9 @@ class GatewayMiddleware:
             "priority": ticket.priority,
             "waited_s": permit.waited_s,
         }
+        if self._router is not None:
+            await self._run_routed(scope, receive, send, body, payload, classification, permit)
+            return
         if not self._observes:
             try:
                 await self.app(scope, receive if body is None else body.replay, send)
@@ -148,13 +160,91 @@ class GatewayMiddleware:
             permit.release()
             self._plugins.finished(_info(permit.ticket, scope), time.monotonic() - started, outcome)
 
+    async def _run_routed(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        body: RequestBody | None,
+        payload: bytes | None,
+        classification: Classification,
+        permit: Permit,
+    ) -> None:
+        """Choose the upstream, then run the app; the choice counts until the app returns."""
+        try:
+            decision = self._route(scope, payload, classification, permit.ticket)
+        except Unroutable as exc:
+            permit.release()
+            if self._observes:
+                self._plugins.finished(_info(permit.ticket, scope), 0.0, "error")
+            await send_json_error(send, exc.status, str(exc), code=exc.code)
+            return
+        obleth = scope["state"]["obleth"]
+        obleth["upstream"] = decision.upstream
+        obleth["scores"] = decision.scores
+        obleth["route"] = decision
+        if self._plugins.observes_routing:
+            self._plugins.routed(_info(permit.ticket, scope), decision.upstream, decision.scores)
+        if self._upstream_header:
+            send = _naming_upstream(send, decision)
+        try:
+            if self._observes:
+                await self._run_observed(scope, receive, send, body, permit)
+            else:
+                await self.app(scope, receive if body is None else body.replay, send)
+        finally:
+            decision.finish()
+            permit.release()
+
+    def _route(
+        self, scope: Scope, payload: bytes | None, classification: Classification, ticket: Ticket
+    ) -> Decision:
+        assert self._router is not None
+        parsed = parse_body(payload)
+        model = model_of(parsed)
+        text = classification.routing_key
+        if text is None:
+            text = prompt_text(parsed)
+        session = classification.session_id
+        if session is None:
+            wanted = self._session_header
+            for name, value in scope["headers"]:
+                if name == wanted:
+                    session = value.decode("latin-1").strip() or None
+                    break
+        request = RouteRequest(
+            path=scope["path"],
+            model=model,
+            blocks=blocks_of(text, model, self._block_bytes) if text else (),
+            session_id=session,
+            tenant=ticket.tenant,
+            fleet=self._router.fleet,
+        )
+        return self._router.route(request)
+
+
+def _naming_upstream(send: Send, decision: Decision) -> Send:
+    """``send`` adding ``x-obleth-upstream`` (the upstream that answered) to the response."""
+
+    async def send_naming_upstream(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            headers.append((b"x-obleth-upstream", decision.upstream.encode("latin-1")))
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return send_naming_upstream
+
 
 def _info(ticket: Ticket, scope: Scope) -> RequestInfo:
     return RequestInfo(ticket.tenant, ticket.priority, scope["method"], scope["path"])
 
 
-def _has_json_body(scope: Scope, headers: dict[str, str]) -> bool:
-    """JSON bodies are read for classifiers that ask; anything else streams to the app."""
-    return scope["method"] in _BODY_METHODS and headers.get("content-type", "").startswith(
-        "application/json"
-    )
+def _has_json_body(scope: Scope) -> bool:
+    """JSON bodies are read for classifiers and the router; anything else streams to the app."""
+    if scope["method"] not in _BODY_METHODS:
+        return False
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return value.startswith(b"application/json")
+    return False

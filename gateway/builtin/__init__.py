@@ -13,4 +13,9 @@ DEFAULT_PLUGINS: Final[tuple[str, ...]] = (
     "gateway.builtin.overflow_drop_newest",
     "gateway.builtin.overflow_drop_oldest",
     "gateway.builtin.classifier",
+    "gateway.builtin.scorer_prefix_affinity",
+    "gateway.builtin.scorer_queue_depth",
+    "gateway.builtin.scorer_kv_utilization",
+    "gateway.builtin.scorer_load_balance",
+    "gateway.builtin.scorer_session_affinity",
 )

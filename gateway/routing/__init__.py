@@ -1,0 +1,13 @@
+"""Routing: which upstream inference server each admitted request goes to.
+
+::
+
+    upstreams.py     the configured upstreams (URL, models served)
+    readings.py      the latest load reading of each upstream, for scorers and capacity
+    promtext.py      Prometheus text parsing
+    metricnames.py   engine metric names (vLLM, SGLang) mapped in one place
+    poller.py        the background task scraping /metrics and /health
+    inflight.py      our own requests in flight per upstream (cluster-wide with Redis)
+    request.py       what scorers know about a request (model, prompt blocks, session)
+    router.py        filters, scorers, picker; the Decision put in the ASGI scope
+"""

@@ -1,0 +1,41 @@
+"""Fleet: the upstreams as a routing decision sees them, read from memory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from gateway.core import rendezvous
+from gateway.routing.inflight import InFlight
+from gateway.routing.readings import Reading, Readings
+
+
+class Fleet:
+    """Readings, our in-flight counts and rendezvous hashing, for scorers.
+
+    Scorers get it as ``request.fleet``. Everything answers from memory at once.
+    """
+
+    __slots__ = ("_salts", "inflight", "readings")
+
+    def __init__(self, readings: Readings, inflight: InFlight) -> None:
+        self.readings = readings
+        self.inflight = inflight
+        self._salts = {url: rendezvous.stable_hash(url) for url in readings}
+
+    def reading(self, upstream: str) -> Reading:
+        """The latest scrape of ``upstream``."""
+        return self.readings.get(upstream)
+
+    def in_flight(self, upstream: str) -> int:
+        """Requests we sent to ``upstream`` and have not finished (cluster-wide with Redis)."""
+        return self.inflight.count(upstream)
+
+    def rendezvous(self, key: int, candidates: Iterable[str]) -> str | None:
+        """The candidate rendezvous hashing assigns ``key`` to: the same on every pod."""
+        salts = self._salts
+        return rendezvous.pick(key, ((u, salts[u]) for u in candidates))
+
+    def rendezvous_order(self, key: int, candidates: Sequence[str]) -> list[str]:
+        """``candidates`` in rendezvous order for ``key``, the assigned one first."""
+        salts = self._salts
+        return sorted(candidates, key=lambda u: -rendezvous.weight(key, salts[u]))

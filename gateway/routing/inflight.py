@@ -1,0 +1,52 @@
+"""Our own requests in flight per upstream: counted when one is chosen, not when scraped.
+
+Scraped metrics lag by up to a polling interval; a burst routed on them alone lands on one
+upstream. So the router counts a request against its upstream the moment it chooses it,
+and gives the count back when the request ends, on every path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+class InFlight:
+    """Requests this gateway has sent to each upstream and not finished.
+
+    ``count(u)`` is what routing decisions read: this pod's own count, plus (in cluster
+    mode, see ``gateway.routing.shared_inflight``) the other pods' as last synchronised.
+    ``add``/``remove`` are called exactly once each per routed request (the router's
+    ``Decision`` guarantees it); a count never goes below zero.
+    """
+
+    def __init__(self, upstreams: Iterable[str]) -> None:
+        self._local: dict[str, int] = dict.fromkeys(upstreams, 0)
+        self._others: dict[str, int] = {}
+
+    def add(self, upstream: str) -> None:
+        self._local[upstream] += 1
+
+    def remove(self, upstream: str) -> None:
+        if self._local[upstream] > 0:
+            self._local[upstream] -= 1
+
+    def count(self, upstream: str) -> int:
+        return self._local[upstream] + self._others.get(upstream, 0)
+
+    def local(self) -> Mapping[str, int]:
+        """This pod's own counts (a live view)."""
+        return self._local
+
+    def others(self) -> Mapping[str, int]:
+        """The other pods' counts as last synchronised (empty outside cluster mode)."""
+        return self._others
+
+    def set_others(self, counts: Mapping[str, int]) -> None:
+        """Replace the other pods' counts (the cluster synchroniser's job)."""
+        self._others = {u: n for u, n in counts.items() if u in self._local and n > 0}
+
+    async def start(self) -> None:
+        """Nothing to start in one process; the cluster version synchronises through Redis."""
+
+    async def stop(self) -> None:
+        """Nothing to stop in one process."""

@@ -1,0 +1,93 @@
+"""What the gateway knows about each upstream's load: the latest reading, kept in memory.
+
+One ``Readings`` per gateway. The poller (``gateway.routing.poller``) writes it; the
+router's scorers and any capacity provider read it, from memory and without I/O. A
+metrics-driven capacity provider gets the gateway's ``Readings`` through its optional
+``use_readings(readings)`` method, so it needs no poller of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One upstream as the last scrape saw it.
+
+    ``running``, ``waiting`` and ``kv_usage`` are None when the upstream did not export
+    them (or could not be scraped yet). ``at`` is the ``time.monotonic()`` of the scrape
+    the numbers come from; 0.0 means never scraped. ``healthy`` is the health check's
+    verdict, which may be newer than the numbers.
+    """
+
+    upstream: str
+    healthy: bool = False
+    running: float | None = None
+    """Requests in the upstream's running batch (``vllm:num_requests_running``)."""
+    waiting: float | None = None
+    """Requests queued inside the upstream (``vllm:num_requests_waiting``)."""
+    kv_usage: float | None = None
+    """KV-cache usage as a fraction, 0.0 to 1.0 (``vllm:kv_cache_usage_perc``)."""
+    at: float = 0.0
+    engine: str | None = None
+    """Which engine's metric names matched: ``vllm``, ``sglang``, or None."""
+
+    def age_s(self, now: float) -> float:
+        """Seconds since the numbers were scraped; infinite when they never were."""
+        return now - self.at if self.at > 0.0 else float("inf")
+
+
+class Readings:
+    """The latest ``Reading`` of every configured upstream.
+
+    What readers may rely on:
+
+    - ``get(url)`` always answers for a configured upstream (a never-scraped one is
+      unhealthy with no numbers), from memory.
+    - ``stale(url)`` is True when the numbers are older than ``stale_after_s``: routing
+      treats such an upstream as saturated, and a capacity provider should not trust it.
+    - ``subscribe(callback)`` calls ``callback()`` after every polling round, on the
+      gateway's event loop, so a provider can recompute its limit when numbers change.
+    """
+
+    def __init__(self, upstreams: Sequence[str], *, stale_after_s: float) -> None:
+        self.stale_after_s = stale_after_s
+        self._latest: dict[str, Reading] = {url: Reading(url) for url in upstreams}
+        self._subscribers: list[Callable[[], None]] = []
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._latest)
+
+    def __len__(self) -> int:
+        return len(self._latest)
+
+    def get(self, upstream: str) -> Reading:
+        """The latest reading of ``upstream``; KeyError for an unconfigured one."""
+        return self._latest[upstream]
+
+    def all(self) -> Mapping[str, Reading]:
+        """Every upstream's latest reading (a snapshot: later updates do not show in it)."""
+        return dict(self._latest)
+
+    def stale(self, upstream: str, now: float | None = None) -> bool:
+        """Whether the numbers of ``upstream`` are too old to route on."""
+        when = time.monotonic() if now is None else now
+        return self._latest[upstream].age_s(when) > self.stale_after_s
+
+    def update(self, reading: Reading) -> None:
+        """Record a new reading (the poller's job; tests may call it too)."""
+        if reading.upstream not in self._latest:
+            raise KeyError(f"{reading.upstream!r} is not a configured upstream")
+        self._latest[reading.upstream] = reading
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every polling round."""
+        self._subscribers.append(callback)
+
+    def notify(self) -> None:
+        """Tell subscribers a polling round ended (called by the poller)."""
+        for callback in self._subscribers:
+            callback()

@@ -1,0 +1,89 @@
+"""What scorers know about the request being routed, and how it is read from the body."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.core.prefix import prompt_blocks
+
+if TYPE_CHECKING:
+    from gateway.routing.fleet import Fleet
+
+
+@dataclass(slots=True)
+class RouteRequest:
+    """One admitted request, as routing sees it; scorers read it and must not change it.
+
+    ``blocks`` are the chained hashes of the prompt's leading blocks (see
+    ``gateway.core.prefix``): the whole ``messages`` array for chat, ``prompt`` for
+    completions, seeded with the model. Empty when the body is not an OpenAI-style JSON
+    request or the prompt is shorter than one block. ``fleet`` is the state of the
+    upstreams at decision time: readings, our in-flight counts, rendezvous hashing.
+    """
+
+    path: str
+    model: str | None
+    blocks: tuple[int, ...]
+    session_id: str | None
+    tenant: str
+    fleet: Fleet
+
+
+def parse_body(body: bytes | None) -> Mapping[str, object] | None:
+    """The JSON object of an OpenAI-style body; None for anything else (no error: the
+    upstream answers malformed requests itself)."""
+    if not body:
+        return None
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def model_of(payload: Mapping[str, object] | None) -> str | None:
+    model = None if payload is None else payload.get("model")
+    return model if isinstance(model, str) and model else None
+
+
+def prompt_text(payload: Mapping[str, object] | None) -> bytes:
+    """The prompt as bytes: the ``messages`` array (each role and content, in order) for
+    chat, ``prompt`` (or ``input``) otherwise; empty when there is none."""
+    if payload is None:
+        return b""
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        return "".join(_message_text(m) for m in messages).encode("utf-8", "surrogatepass")
+    prompt = payload.get("prompt", payload.get("input"))
+    if isinstance(prompt, str):
+        return prompt.encode("utf-8", "surrogatepass")
+    if prompt is None:
+        return b""
+    return json.dumps(prompt, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8", "surrogatepass"
+    )
+
+
+def blocks_of(text: bytes, model: str | None, block_bytes: int) -> tuple[int, ...]:
+    return prompt_blocks(text, seed=(model or "").encode(), block_bytes=block_bytes)
+
+
+def _message_text(message: object) -> str:
+    if not isinstance(message, dict):
+        return json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\x1e"
+    role = message.get("role")
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(
+            part["text"]
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+            else json.dumps(part, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+            for part in content
+        )
+    elif not isinstance(content, str):
+        content = "" if content is None else json.dumps(content, ensure_ascii=False)
+    # record and unit separators: a role can never run into its content
+    return f"{role}\x1f{content}\x1e"

@@ -1,0 +1,59 @@
+"""Upstreams as configured: a base URL, and optionally the models it serves."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """One inference server the gateway may send requests to.
+
+    ``models`` None means it serves whatever model a request names; otherwise a request
+    naming a model is only routed to upstreams whose ``models`` contain it.
+    """
+
+    url: str
+    models: frozenset[str] | None = None
+
+    def serves(self, model: str | None) -> bool:
+        return model is None or self.models is None or model in self.models
+
+    def __str__(self) -> str:
+        if self.models is None:
+            return self.url
+        return f"{self.url}={'|'.join(sorted(self.models))}"
+
+
+class UpstreamSyntaxError(ValueError):
+    """An upstream entry that is not ``URL`` or ``URL=model|model``."""
+
+
+def parse_upstream_entry(entry: object) -> Upstream:
+    """``"http://h:8000"``, ``"http://h:8000=llama|qwen"``, an ``Upstream``, or a mapping
+    ``{"url": ..., "models": [...]}``; the URL itself is checked by the caller."""
+    if isinstance(entry, Upstream):
+        return entry
+    if isinstance(entry, Mapping):
+        url, models = entry.get("url"), entry.get("models")
+        if not isinstance(url, str):
+            raise UpstreamSyntaxError(f"{dict(entry)!r} has no 'url' string")
+        return Upstream(url.strip().rstrip("/"), _models(models, entry))
+    if not isinstance(entry, str) or not entry.strip():
+        raise UpstreamSyntaxError(f"{entry!r} is not an upstream URL")
+    url, sep, models_text = entry.strip().partition("=")
+    if not sep:
+        return Upstream(url.rstrip("/"))
+    return Upstream(url.strip().rstrip("/"), _models(models_text.split("|"), entry))
+
+
+def _models(models: object, entry: object) -> frozenset[str] | None:
+    if models is None:
+        return None
+    if isinstance(models, str) or not isinstance(models, Iterable):
+        raise UpstreamSyntaxError(f"{entry!r}: models must be a list of names")
+    names = frozenset(str(m).strip() for m in models if str(m).strip())
+    if not names:
+        raise UpstreamSyntaxError(f"{entry!r} names no model after '='")
+    return names
