@@ -1,0 +1,161 @@
+"""`obleth serve`: the standalone gateway, admission control and routing in front of the
+streaming proxy, for users without an ASGI app of their own."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import uvicorn
+
+from gateway.asgi.middleware import GatewayMiddleware
+from gateway.gateway import Gateway
+from gateway.proxy import ProxyApp
+from gateway.settings import Settings
+from gateway.types import ASGIApp, Receive, Scope, Send
+
+HEALTH_PATH = "/healthz"
+READY_PATH = "/readyz"
+
+# flag -> setting; a flag left out keeps the OBLETH_* value or the default
+_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--policy", "routing_policy", str, "weighted, round-robin or least-loaded"),
+    (
+        "--scorers",
+        "routing_scorers",
+        str,
+        'weighted scorers, e.g. "prefix-affinity:5,queue-depth:1"',
+    ),
+    ("--max-in-flight", "global_max_in_flight", int, "requests in flight at most (all upstreams)"),
+    ("--overflow-policy", "overflow_policy", str, "block, drop-newest or drop-oldest"),
+    ("--redis-url", "redis_url", str, "share the budget and in-flight counts with other pods"),
+    ("--pool", "pool", str, "name of the shared budget in Redis"),
+    ("--seed", "routing_seed", int, "seed of the random choice between tied upstreams"),
+)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `serve` command."""
+    parser = sub.add_parser(
+        "serve",
+        help="run the standalone gateway: admission control and routing to upstreams",
+        description=(
+            "Serve an OpenAI-compatible gateway: every request is admitted through the "
+            "fair queue, routed to one of the upstreams and streamed back. Settings come "
+            "from OBLETH_* variables; flags given here win over them. The gateway answers "
+            f"{HEALTH_PATH} (alive) and {READY_PATH} (an upstream is healthy and the queue is "
+            "below 80 %% of its bound) itself."
+        ),
+    )
+    parser.add_argument(
+        "--upstream",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an inference server's base URL, optionally URL=model|model; repeat for more "
+        "(default: OBLETH_UPSTREAMS)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    for flag, _, kind, help_text in _FLAGS:
+        parser.add_argument(flag, type=kind, default=None, help=help_text)
+    parser.add_argument(
+        "--upstream-header",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="add X-Obleth-Upstream to every response",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="log level",
+    )
+    parser.add_argument(
+        "--access-log", action=argparse.BooleanOptionalAction, default=False, help="log requests"
+    )
+    parser.set_defaults(run=run)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """``OBLETH_*`` settings with the flags on top; a bad value raises ``ConfigError``."""
+    overrides: dict[str, Any] = {}
+    if args.upstream:
+        overrides["upstreams"] = tuple(args.upstream)
+    for flag, setting, _, _ in _FLAGS:
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if value is not None:
+            overrides[setting] = value
+    if args.upstream_header is not None:
+        overrides["upstream_header"] = args.upstream_header
+    return Settings.from_env(**overrides)
+
+
+def build_app(settings: Settings) -> ASGIApp:
+    """The standalone gateway as one ASGI app (what ``obleth serve`` runs)."""
+    if not settings.upstreams:
+        raise settings.error(
+            "upstreams", (), "obleth serve needs upstreams: --upstream http://vllm-0:8000 ..."
+        )
+    gateway = Gateway(settings)
+    proxy = ProxyApp(
+        connect_timeout_s=settings.upstream_connect_timeout_s,
+        response_timeout_s=settings.upstream_response_timeout_s,
+        read_timeout_s=settings.upstream_read_timeout_s,
+    )
+    return _Probes(GatewayMiddleware(proxy, gateway=gateway), gateway)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; returns the exit code."""
+    settings = settings_from_args(args)
+    app = build_app(settings)
+    upstreams = ", ".join(str(u) for u in settings.upstreams)
+    print(
+        f"obleth serve: http://{args.host}:{args.port} -> {upstreams} "
+        f"({settings.routing_policy}), at most {settings.global_max_in_flight} in flight",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+class _Probes:
+    """Answers the liveness and readiness probes; everything else goes to the gateway."""
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path") if scope["type"] == "http" else None
+        if path == HEALTH_PATH:
+            await _answer(send, 200, {"status": "alive"})
+        elif path == READY_PATH:
+            readings = self.gateway.readings
+            healthy = [u for u in readings if readings.get(u).healthy]
+            snapshot = self.gateway.snapshot()
+            # a queue at 80 % of its bound sends a load balancer's traffic to other pods
+            backed_up = snapshot.max_queue > 0 and snapshot.queued >= 0.8 * snapshot.max_queue
+            ready = bool(healthy) and self.gateway.started and not backed_up
+            payload = {"healthy_upstreams": healthy, "queued": snapshot.queued}
+            await _answer(send, 200 if ready else 503, payload)
+        else:
+            await self.app(scope, receive, send)
+
+
+async def _answer(send: Send, status: int, payload: object) -> None:
+    body = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
