@@ -246,5 +246,5 @@ def _has_json_body(scope: Scope) -> bool:
         return False
     for name, value in scope["headers"]:
         if name == b"content-type":
-            return value.startswith(b"application/json")
+            return bool(value.startswith(b"application/json"))
     return False
