@@ -14,6 +14,7 @@ from gateway.errors import (
     OblethError,
     PluginError,
     Rejected,
+    Unroutable,
 )
 from gateway.gateway import Gateway
 from gateway.hookimpl import hookimpl
@@ -25,6 +26,10 @@ from gateway.protocols import (
     RoutingScorer,
     Snapshot,
 )
+from gateway.routing.readings import Reading, Readings
+from gateway.routing.request import RouteRequest
+from gateway.routing.router import Decision
+from gateway.routing.upstreams import Upstream
 from gateway.settings import Settings
 
 __all__ = [
@@ -32,6 +37,7 @@ __all__ = [
     "CapacityProvider",
     "Classification",
     "ConfigError",
+    "Decision",
     "Disconnected",
     "Gateway",
     "GatewayMiddleware",
@@ -39,11 +45,16 @@ __all__ = [
     "OverflowPolicy",
     "PluginError",
     "Priority",
+    "Reading",
+    "Readings",
     "Rejected",
     "RequestInfo",
+    "RouteRequest",
     "RoutingScorer",
     "Settings",
     "Snapshot",
     "Ticket",
+    "Unroutable",
+    "Upstream",
     "hookimpl",
 ]

@@ -48,6 +48,18 @@ class Gateway:
             name: self.plugins.build("capacity provider", name)
             for name in self.settings.capacity_providers
         }
+        self._check_scorer_names()
+        urls = [upstream.url for upstream in self.settings.upstreams]
+        #: the latest load reading of every upstream (empty without upstreams); capacity
+        #: providers with a ``use_readings(readings)`` method are handed it at assembly
+        self.readings = Readings(
+            urls,
+            stale_after_s=STALE_AFTER_INTERVALS * self.settings.upstream_poll_interval_s,
+        )
+        for provider in self.providers.values():
+            use_readings = getattr(provider, "use_readings", None)
+            if use_readings is not None:
+                use_readings(self.readings)
         try:
             self.capacity = Capacity(list(self.providers.items()))
         except ProviderFailed as exc:
@@ -61,22 +73,22 @@ class Gateway:
         self.backend: CounterBackend = _backend_for(self.settings, self.capacity, self.policy)
         self.capacity.subscribe(self.backend.limit_changed)
         self.scheduler = Scheduler(self.backend, self.settings)
-        urls = [upstream.url for upstream in self.settings.upstreams]
-        #: the latest load reading of every upstream (empty without upstreams); capacity
-        #: providers with a ``use_readings(readings)`` method are handed it at assembly
-        self.readings = Readings(
-            urls,
-            stale_after_s=STALE_AFTER_INTERVALS * self.settings.upstream_poll_interval_s,
-        )
-        for provider in self.providers.values():
-            use_readings = getattr(provider, "use_readings", None)
-            if use_readings is not None:
-                use_readings(self.readings)
         #: chooses an upstream per request; None when no upstreams are configured
         self.router: Router | None = self._router(urls) if urls else None
         self._poller: Any = None
         self._started = False
         self._start_lock: asyncio.Lock | None = None
+
+    def _check_scorer_names(self) -> None:
+        """A typo in ``routing_scorers`` stops startup even while routing is off."""
+        installed = self.plugins.names("routing scorer")
+        for name in self.settings.routing_scorers:
+            if name not in installed:
+                raise self.settings.error(
+                    "routing_scorers",
+                    name,
+                    f"no routing scorer by that name; installed: {', '.join(installed) or 'none'}",
+                )
 
     def _router(self, urls: list[str]) -> Router:
         settings = self.settings
@@ -86,13 +98,15 @@ class Gateway:
             for name, weight in settings.routing_scorers.items():
                 scorer = self.plugins.build("routing scorer", name)
                 plugin = self.plugins.plugin_of("routing scorer", name)
-                scorers.append(ScorerEntry(name, plugin, scorer, weight))
+                builtin = self.plugins.is_builtin(plugin)
+                scorers.append(ScorerEntry(name, plugin, scorer, weight, builtin))
         return Router(
             settings.upstreams,
             Fleet(self.readings, inflight),
             policy=settings.routing_policy,
             scorers=scorers,
             load_bound=settings.routing_load_bound,
+            load_slack=settings.routing_load_slack,
             seed=settings.routing_seed,
             complain=self.plugins.complain,
         )

@@ -109,9 +109,11 @@ class Plugins:
         for name in settings.disable_plugins:
             self._pm.set_blocked(name)
         self._origin: dict[str, tuple[str, str]] = {}
+        self._builtins: set[str] = set()
         for module_name in DEFAULT_PLUGINS:
             module = importlib.import_module(module_name)
             self._register(module, _builtin_name(module), ("obleth", _own_version()))
+            self._builtins.add(_builtin_name(module))
         for index, plugin in enumerate(extra):
             name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{index}"
             self._register(plugin, name, _APPLICATION)
@@ -367,7 +369,16 @@ class Plugins:
 
     def complain(self, plugin: str, problem: str) -> None:
         """Log that ``plugin`` failed on the request path (rate-limited per plugin)."""
-        self._complain(plugin, "the request path", problem)
+        now = time.monotonic()
+        if now - self._last_complaint.get(plugin, -3600.0) < 60.0:
+            return
+        self._last_complaint[plugin] = now
+        origin = self.distribution_of(plugin) or "registered by the application"
+        log.error("plugin %r (%s): %s; the request goes on without it", plugin, origin, problem)
+
+    def is_builtin(self, plugin: str) -> bool:
+        """Whether ``plugin`` is one of Obleth's own built-in plugins."""
+        return self._origin.get(plugin, ("", ""))[0] == "obleth" and plugin in self._builtins
 
     def _notify(self, impls: Sequence[_Impl], hook: str, arguments: Mapping[str, Any]) -> None:
         for impl in impls:

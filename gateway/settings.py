@@ -100,8 +100,11 @@ class Settings:
     )
     """Scorers and weights of the ``weighted`` policy: ``prefix-affinity:5,queue-depth:1``."""
     routing_load_bound: float = 1.5
-    """The ``weighted`` policy passes over an upstream whose requests in flight would exceed
-    this multiple of the average (the load guard that keeps affinity from piling on)."""
+    """The ``weighted`` policy passes over an upstream that queues requests while it has more
+    than this multiple of the average in flight (the guard that keeps affinity from piling on)."""
+    routing_load_slack: int = 8
+    """With no queue scraped yet, the guard applies once an upstream is this many requests
+    ahead of the least loaded (a burst between two scrapes cannot pile onto one)."""
     routing_seed: int | None = None
     """Seed of the random choice between upstreams that tie; unset, a random seed."""
     session_header: str = "x-session-id"
@@ -517,6 +520,7 @@ _SPECS: dict[str, _Spec] = {
         _spec("routing_policy", _env_text, _check_routing_policy),
         _spec("routing_scorers", _env_scorers, _check_scorers),
         _spec("routing_load_bound", _env_float, _check_load_bound),
+        _spec("routing_load_slack", _env_int, _check_int(1)),
         _spec("routing_seed", _env_optional_int, _check_seed),
         _spec("session_header", _env_text, _check_required_header),
         _spec("upstream_header", _env_bool, _check_bool),

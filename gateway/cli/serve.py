@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "fair queue, routed to one of the upstreams and streamed back. Settings come "
             "from OBLETH_* variables; flags given here win over them. The gateway answers "
             f"{HEALTH_PATH} (alive) and {READY_PATH} (an upstream is healthy and the queue is "
-            "below 80 %% of its bound) itself."
+            "below 80 % of its bound) itself."
         ),
     )
     parser.add_argument(

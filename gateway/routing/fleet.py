@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from gateway.core import rendezvous
 from gateway.routing.inflight import InFlight
@@ -15,20 +15,18 @@ class Fleet:
     Scorers get it as ``request.fleet``. Everything answers from memory at once.
     """
 
-    __slots__ = ("_salts", "inflight", "readings")
+    __slots__ = ("_salts", "in_flight", "inflight", "reading", "readings")
 
     def __init__(self, readings: Readings, inflight: InFlight) -> None:
         self.readings = readings
         self.inflight = inflight
         self._salts = {url: rendezvous.stable_hash(url) for url in readings}
-
-    def reading(self, upstream: str) -> Reading:
-        """The latest scrape of ``upstream``."""
-        return self.readings.get(upstream)
-
-    def in_flight(self, upstream: str) -> int:
-        """Requests we sent to ``upstream`` and have not finished (cluster-wide with Redis)."""
-        return self.inflight.count(upstream)
+        # bound lookups rather than methods: scorers call them for every upstream
+        self.reading: Callable[[str], Reading] = readings.get
+        """``reading(upstream)``: the latest scrape of the upstream."""
+        self.in_flight: Callable[[str], int] = inflight.count
+        """``in_flight(upstream)``: requests we sent there and have not finished (every
+        pod's, in cluster mode)."""
 
     def rendezvous(self, key: int, candidates: Iterable[str]) -> str | None:
         """The candidate rendezvous hashing assigns ``key`` to: the same on every pod."""

@@ -7,7 +7,7 @@ and gives the count back when the request ends, on every path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 
 class InFlight:
@@ -22,16 +22,23 @@ class InFlight:
     def __init__(self, upstreams: Iterable[str]) -> None:
         self._local: dict[str, int] = dict.fromkeys(upstreams, 0)
         self._others: dict[str, int] = {}
+        # kept equal to local + others at every change, so reading a count is one lookup
+        self._totals: dict[str, int] = dict(self._local)
+        self.count: Callable[[str], int] = self._totals.__getitem__
+        """Our requests in flight on an upstream (all pods'); KeyError for an unknown one."""
 
     def add(self, upstream: str) -> None:
         self._local[upstream] += 1
+        self._totals[upstream] += 1
 
     def remove(self, upstream: str) -> None:
         if self._local[upstream] > 0:
             self._local[upstream] -= 1
+            self._totals[upstream] -= 1
 
-    def count(self, upstream: str) -> int:
-        return self._local[upstream] + self._others.get(upstream, 0)
+    def totals(self) -> Mapping[str, int]:
+        """Every upstream's count, all pods included (a live view: do not change it)."""
+        return self._totals
 
     def local(self) -> Mapping[str, int]:
         """This pod's own counts (a live view)."""
@@ -44,6 +51,8 @@ class InFlight:
     def set_others(self, counts: Mapping[str, int]) -> None:
         """Replace the other pods' counts (the cluster synchroniser's job)."""
         self._others = {u: n for u, n in counts.items() if u in self._local and n > 0}
+        for upstream, local in self._local.items():
+            self._totals[upstream] = local + self._others.get(upstream, 0)
 
     async def start(self) -> None:
         """Nothing to start in one process; the cluster version synchronises through Redis."""

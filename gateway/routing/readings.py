@@ -8,9 +8,12 @@ metrics-driven capacity provider gets the gateway's ``Readings`` through its opt
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+
+log = logging.getLogger("obleth.routing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,16 +60,15 @@ class Readings:
         self.stale_after_s = stale_after_s
         self._latest: dict[str, Reading] = {url: Reading(url) for url in upstreams}
         self._subscribers: list[Callable[[], None]] = []
+        # a bound lookup rather than a method: routing reads it for every upstream, every request
+        self.get: Callable[[str], Reading] = self._latest.__getitem__
+        """The latest reading of an upstream; KeyError for an unconfigured one."""
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._latest)
 
     def __len__(self) -> int:
         return len(self._latest)
-
-    def get(self, upstream: str) -> Reading:
-        """The latest reading of ``upstream``; KeyError for an unconfigured one."""
-        return self._latest[upstream]
 
     def all(self) -> Mapping[str, Reading]:
         """Every upstream's latest reading (a snapshot: later updates do not show in it)."""
@@ -88,6 +90,10 @@ class Readings:
         self._subscribers.append(callback)
 
     def notify(self) -> None:
-        """Tell subscribers a polling round ended (called by the poller)."""
+        """Tell subscribers a polling round ended (called by the poller); one subscriber
+        that raises is logged and does not keep the others from being told."""
         for callback in self._subscribers:
-            callback()
+            try:
+                callback()
+            except Exception:
+                log.exception("a subscriber of the upstream readings raised: %r", callback)

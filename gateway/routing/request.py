@@ -68,7 +68,8 @@ def prompt_text(payload: Mapping[str, object] | None) -> bytes:
 
 
 def blocks_of(text: bytes, model: str | None, block_bytes: int) -> tuple[int, ...]:
-    return prompt_blocks(text, seed=(model or "").encode(), block_bytes=block_bytes)
+    # the NUL ends the model name: no model name can run on into a prompt's first bytes
+    return prompt_blocks(text, seed=(model or "").encode() + b"\0", block_bytes=block_bytes)
 
 
 def _message_text(message: object) -> str:

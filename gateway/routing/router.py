@@ -5,7 +5,9 @@ Pipeline for every admitted request, from memory and without I/O:
 1. **filters**: upstreams that serve the requested model (none: 404 ``model_not_found``),
    that pass their health checks (none: 503 ``no_healthy_upstream``), and, for the
    ``weighted`` policy, that are not saturated: a reading older than three polling
-   intervals, or more requests in flight than ``routing_load_bound`` times the average.
+   intervals, or an upstream with more of ours in flight than ``routing_load_bound``
+   times the average that also queues requests or is ``routing_load_slack`` requests
+   ahead of the least loaded.
    When every healthy upstream is saturated, all of them stay candidates.
 2. **policy**: ``weighted`` sums the scorers' outputs (each clamped to [0, 1], weights
    normalized to sum 1) and takes the highest; ``round-robin`` takes request n mod k;
@@ -26,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.core.scoring import normalized, ranked, weighted_totals
+from gateway.core.scoring import best, clamp, normalized, ranked, weighted_totals
 from gateway.errors import Unroutable
 from gateway.protocols import RoutingScorer
 from gateway.routing.fleet import Fleet
@@ -47,6 +49,8 @@ class ScorerEntry:
     plugin: str
     scorer: RoutingScorer
     weight: float
+    builtin: bool = False
+    """Built-in scorers answer in [0, 1] already; other plugins' answers are clamped."""
 
 
 class Decision:
@@ -54,8 +58,9 @@ class Decision:
 
     What callers may rely on:
 
-    - ``upstream`` is the base URL chosen; ``ranking`` all candidates best first (the
-      order retries follow); ``scores`` why, per scorer and upstream.
+    - ``upstream`` is the base URL chosen; ``scores`` says why, per scorer and upstream;
+      ``ranking`` lists every healthy candidate best first (the order retries follow),
+      ``upstream`` first. It is worked out on first use: most requests never need it.
     - The request counts as in flight on ``upstream`` from the decision until
       ``finish()``, which counts once however often it is called.
     - ``reroute()`` gives up the current upstream for the next one in ``ranking`` and
@@ -63,27 +68,46 @@ class Decision:
       no other upstream (or the decision is finished).
     """
 
-    __slots__ = ("_finished", "_next", "_request", "_router", "ranking", "scores", "upstream")
+    __slots__ = (
+        "_finished",
+        "_next",
+        "_rank",
+        "_ranking",
+        "_request",
+        "_router",
+        "scores",
+        "upstream",
+    )
 
     def __init__(
         self,
         router: Router,
         request: RouteRequest,
-        ranking: list[str],
+        upstream: str,
         scores: Scores,
+        rank: Callable[[], list[str]],
     ) -> None:
         self._router = router
         self._request = request
-        self.ranking = ranking
+        self.upstream = upstream
         self.scores = scores
-        self.upstream = ranking[0]
+        self._rank = rank
+        self._ranking: list[str] | None = None
         self._next = 1
         self._finished = False
 
+    @property
+    def ranking(self) -> list[str]:
+        if self._ranking is None:
+            first = self.upstream
+            self._ranking = [first, *(u for u in self._rank() if u != first)]
+        return self._ranking
+
     def reroute(self) -> str | None:
-        if self._finished or self._next >= len(self.ranking):
+        ranking = self.ranking
+        if self._finished or self._next >= len(ranking):
             return None
-        previous, self.upstream = self.upstream, self.ranking[self._next]
+        previous, self.upstream = self.upstream, ranking[self._next]
         self._next += 1
         self._router._moved(self._request, previous, self.upstream)
         return self.upstream
@@ -112,6 +136,7 @@ class Router:
         policy: str,
         scorers: Sequence[ScorerEntry],
         load_bound: float,
+        load_slack: int,
         seed: int | None,
         complain: Callable[[str, str], None],
     ) -> None:
@@ -129,6 +154,7 @@ class Router:
             if (hook := getattr(entry.scorer, "dispatched", None)) is not None
         ]
         self._load_bound = load_bound
+        self._load_slack = load_slack
         self._rng = random.Random(seed)  # noqa: S311 -- tie-breaking, not secrecy
         self._complain = complain
         self._turn = 0
@@ -142,11 +168,13 @@ class Router:
         healthy = self._healthy(self._serving_model(request.model), request.model)
         if self.policy == "round-robin":
             ranking, scores = self._round_robin(healthy)
+            decision = Decision(self, request, ranking[0], scores, lambda: ranking)
         elif self.policy == "least-loaded":
             ranking, scores = self._least_loaded(healthy)
+            decision = Decision(self, request, ranking[0], scores, lambda: ranking)
         else:
-            ranking, scores = self._weighted(request, healthy)
-        decision = Decision(self, request, ranking, scores)
+            upstream, scores, rank = self._weighted(request, healthy)
+            decision = Decision(self, request, upstream, scores, rank)
         self.fleet.inflight.add(decision.upstream)
         self._dispatched(request, decision.upstream)
         return decision
@@ -178,29 +206,47 @@ class Router:
             )
         return healthy
 
-    def _weighted(self, request: RouteRequest, healthy: list[str]) -> tuple[list[str], Scores]:
-        count = self.fleet.inflight.count
-        readings = self.fleet.readings
-        now = time.monotonic()
-        # the load guard: at most load_bound times the average, counting this request
-        cap = math.ceil(self._load_bound * (sum(count(u) for u in healthy) + 1) / len(healthy))
-        candidates = [u for u in healthy if count(u) < cap and not readings.stale(u, now)]
+    def _weighted(
+        self, request: RouteRequest, healthy: list[str]
+    ) -> tuple[str, Scores, Callable[[], list[str]]]:
+        fleet = self.fleet
+        count = fleet.inflight.count
+        latest = fleet.readings.get
+        fresh_since = time.monotonic() - fleet.readings.stale_after_s
+        # The load guard, on our own counts (they are current; scrapes lag): an upstream
+        # with more than load_bound times the average of ours in flight is passed over
+        # when it also queues requests (as last scraped) or is load_slack requests ahead of
+        # the least loaded. Below that, affinity costs no waiting time and stays.
+        counts = [count(u) for u in healthy]
+        cap = math.ceil(self._load_bound * (sum(counts) + 1) / len(healthy))
+        ahead = min(counts) + self._load_slack
+        candidates = []
+        for upstream, n in zip(healthy, counts, strict=True):
+            reading = latest(upstream)
+            if reading.at < fresh_since:
+                continue
+            if n >= cap and (n >= ahead or (reading.waiting or 0.0) >= 1.0):
+                continue
+            candidates.append(upstream)
         if not candidates:
             candidates = healthy
         scores: Scores = {}
         for entry in self._scorers:
             try:
-                scores[entry.name] = dict(entry.scorer.score(request, candidates))
+                given = entry.scorer.score(request, candidates)
+                scores[entry.name] = dict(given) if entry.builtin else _clamped(given)
             except Exception as exc:
                 self._complain(entry.plugin, f"scorer {entry.name!r} raised {exc!r}")
                 scores[entry.name] = {}
         totals = weighted_totals(scores, self._weights, candidates)
         scores["total"] = totals
-        ranking = ranked(totals, count, self._rng)
-        if len(candidates) < len(healthy):
-            passed_over = [u for u in healthy if u not in totals]
-            ranking += sorted(passed_over, key=count)
-        return ranking, scores
+        rng = self._rng
+
+        def rank() -> list[str]:
+            passed_over = sorted((u for u in healthy if u not in totals), key=count)
+            return ranked(totals, count, rng) + passed_over
+
+        return best(totals, count, rng), scores, rank
 
     def _round_robin(self, healthy: list[str]) -> tuple[list[str], Scores]:
         turn = self._turn % len(healthy)
@@ -241,3 +287,8 @@ class Router:
     def in_flight(self) -> Mapping[str, int]:
         """Our requests in flight per upstream, cluster-wide where shared."""
         return {u: self.fleet.inflight.count(u) for u in self.upstreams}
+
+
+def _clamped(given: Mapping[str, float]) -> dict[str, float]:
+    """A plugin scorer's answer as the router uses it: numbers forced into [0, 1]."""
+    return {u: clamp(v) for u, v in given.items()}

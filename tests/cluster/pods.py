@@ -347,6 +347,37 @@ class Pod(_Server):
         return self._get("/_pod/stats")
 
 
+class ServePod(_Server):
+    """``obleth serve`` in a subprocess: the standalone gateway routing to ``upstreams``.
+
+    ``args`` are extra flags (``--policy``, ``--scorers``, ``--redis-url``, ...); ``env``
+    extra ``OBLETH_*`` settings.
+    """
+
+    health_path = "/healthz"
+
+    def __init__(
+        self,
+        upstreams: Sequence[str],
+        *,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        name: str = "serve",
+        log_dir: Path | None = None,
+    ) -> None:
+        super().__init__(name, env=env, log_dir=log_dir)
+        self.upstreams = tuple(upstreams)
+        self.args = tuple(args)
+
+    def _argv(self, port: int) -> list[str]:
+        upstream_flags = [flag for url in self.upstreams for flag in ("--upstream", url)]
+        return [
+            sys.executable,
+            *("-m", "gateway", "serve", "--host", HOST, "--port", str(port)),
+            *("--log-level", "warning", *upstream_flags, *self.args),
+        ]
+
+
 class Pods:
     """``count`` pods in front of one upstream, started together and stopped together.
 

@@ -32,6 +32,11 @@ BUILTINS = {
     "overflow-block",
     "overflow-drop-newest",
     "overflow-drop-oldest",
+    "scorer-kv-utilization",
+    "scorer-load-balance",
+    "scorer-prefix-affinity",
+    "scorer-queue-depth",
+    "scorer-session-affinity",
 }
 SCOPE: Scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
 REQUEST = RequestInfo(tenant="acme", priority="standard", method="POST", path="/v1/completions")

@@ -1,0 +1,444 @@
+"""The router assembled by a real Gateway: filters, policies, load guard, decisions."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from gateway import Gateway, Settings, hookimpl
+from gateway.errors import Unroutable
+from gateway.routing.readings import Reading
+from gateway.routing.request import RouteRequest, blocks_of, prompt_text
+from gateway.routing.router import Decision, Router
+
+A, B, C, D = URLS = [f"http://vllm-{name}:8000" for name in "abcd"]
+LONG_PROMPT = "You are a careful assistant. Answer in English. " * 40  # about 8 blocks
+
+
+def gateway(
+    upstreams: Sequence[str] = URLS, *, plugins: Sequence[object] = (), **settings: Any
+) -> Gateway:
+    """A gateway whose readings never go stale on their own during a test."""
+    settings.setdefault("routing_seed", 1)
+    settings.setdefault("upstream_poll_interval_s", 60.0)  # stale after 180 s
+    return Gateway(
+        Settings(upstreams=list(upstreams), **settings), plugins=plugins, entry_points=False
+    )
+
+
+def router_of(gw: Gateway) -> Router:
+    assert gw.router is not None
+    return gw.router
+
+
+def scraped(
+    gw: Gateway,
+    url: str,
+    *,
+    healthy: bool = True,
+    waiting: float | None = 0.0,
+    running: float | None = 0.0,
+    kv_usage: float | None = None,
+    stale: bool = False,
+) -> None:
+    """Set the reading of ``url`` by hand, as the poller would after a scrape."""
+    at = time.monotonic() - (10_000.0 if stale else 0.0)
+    gw.readings.update(
+        Reading(url, healthy=healthy, waiting=waiting, running=running, kv_usage=kv_usage, at=at)
+    )
+
+
+def all_scraped(gw: Gateway, urls: Sequence[str] = URLS, **fields: Any) -> None:
+    for url in urls:
+        scraped(gw, url, **fields)
+
+
+def route(
+    gw: Gateway, prompt: str | None = None, *, model: str | None = None, session: str | None = None
+) -> Decision:
+    router = router_of(gw)
+    payload: dict[str, object] = {} if prompt is None else {"prompt": prompt}
+    if model is not None:
+        payload["model"] = model
+    text = prompt_text(payload)
+    request = RouteRequest(
+        path="/v1/completions",
+        model=model,
+        blocks=blocks_of(text, model, gw.settings.prefix_block_bytes) if text else (),
+        session_id=session,
+        tenant="t",
+        fleet=router.fleet,
+    )
+    return router.route(request)
+
+
+def in_flight(gw: Gateway) -> dict[str, int]:
+    return dict(router_of(gw).in_flight())
+
+
+# -- filters ------------------------------------------------------------------------------------
+
+MODEL_UPSTREAMS = [f"{A}=llama", f"{B}=qwen", f"{C}=llama|qwen"]
+
+
+def test_a_request_goes_only_to_upstreams_serving_its_model() -> None:
+    """A request naming a model is routed only where that model is served."""
+    gw = gateway(MODEL_UPSTREAMS, routing_scorers="queue-depth:1")
+    all_scraped(gw, [A, B, C])
+    chosen = Counter()
+    for _ in range(40):
+        decision = route(gw, model="qwen")
+        assert set(decision.ranking) == {B, C}
+        chosen[decision.upstream] += 1
+        decision.finish()
+    assert set(chosen) == {B, C}
+    for _ in range(40):
+        decision = route(gw, model="llama")
+        assert set(decision.ranking) == {A, C}
+        decision.finish()
+
+
+def test_a_request_naming_no_model_may_go_anywhere() -> None:
+    """Without a model in the body every healthy upstream is a candidate."""
+    gw = gateway(MODEL_UPSTREAMS, routing_scorers="queue-depth:1")
+    all_scraped(gw, [A, B, C])
+    decision = route(gw)
+    assert set(decision.ranking) == {A, B, C}
+
+
+def test_an_unserved_model_is_a_404_naming_the_served_models() -> None:
+    """A model no upstream serves is answered 404 model_not_found, listing what is served."""
+    gw = gateway(MODEL_UPSTREAMS)
+    all_scraped(gw, [A, B, C])
+    with pytest.raises(Unroutable) as caught:
+        route(gw, model="mistral")
+    assert caught.value.status == 404
+    assert caught.value.code == "model_not_found"
+    message = str(caught.value)
+    assert "mistral" in message
+    assert "llama" in message
+    assert "qwen" in message
+    assert in_flight(gw) == dict.fromkeys([A, B, C], 0)
+
+
+def test_unhealthy_upstreams_are_skipped() -> None:
+    """An upstream failing its health checks gets no requests and is not a fallback."""
+    gw = gateway()
+    all_scraped(gw)
+    scraped(gw, B, healthy=False)
+    scraped(gw, D, healthy=False)
+    chosen = Counter()
+    for i in range(40):
+        decision = route(gw, f"{i} " + LONG_PROMPT)
+        assert set(decision.ranking) == {A, C}
+        chosen[decision.upstream] += 1
+    assert set(chosen) == {A, C}
+
+
+@pytest.mark.parametrize("never_scraped", [True, False])
+def test_no_healthy_upstream_is_a_503(never_scraped: bool) -> None:
+    """When every upstream that serves the request fails its health checks: 503."""
+    gw = gateway()
+    if not never_scraped:
+        all_scraped(gw, healthy=False)
+    with pytest.raises(Unroutable) as caught:
+        route(gw, LONG_PROMPT)
+    assert caught.value.status == 503
+    assert caught.value.code == "no_healthy_upstream"
+    assert in_flight(gw) == dict.fromkeys(URLS, 0)
+
+
+def test_a_healthy_upstream_of_another_model_does_not_help() -> None:
+    """If the model's upstreams are down the answer is 503, even with others healthy."""
+    gw = gateway(MODEL_UPSTREAMS)
+    scraped(gw, A)
+    scraped(gw, B, healthy=False)
+    scraped(gw, C, healthy=False)
+    with pytest.raises(Unroutable) as caught:
+        route(gw, model="qwen")
+    assert (caught.value.status, caught.value.code) == (503, "no_healthy_upstream")
+
+
+def test_a_stale_reading_is_passed_over_while_fresh_ones_exist() -> None:
+    """Stale is saturated: an upstream whose numbers are old is tried last, even when its
+    last numbers looked best."""
+    gw = gateway([A, B], routing_scorers="queue-depth:1")
+    scraped(gw, A, waiting=0, stale=True)
+    scraped(gw, B, waiting=50)
+    for _ in range(10):
+        decision = route(gw)
+        assert decision.upstream == B
+        assert decision.ranking == [B, A]
+        decision.finish()
+
+
+def test_when_every_reading_is_stale_routing_goes_on() -> None:
+    """With only stale readings every healthy upstream stays a candidate."""
+    gw = gateway([A, B], routing_scorers="queue-depth:1")
+    scraped(gw, A, waiting=0, stale=True)
+    scraped(gw, B, waiting=50, stale=True)
+    decision = route(gw)
+    assert decision.upstream == A
+    assert decision.ranking == [A, B]
+
+
+def test_the_load_bound_passes_over_an_upstream_with_too_many_in_flight() -> None:
+    """An upstream holding a prefix (and queueing requests) is passed over once its
+    requests in flight would exceed ``routing_load_bound`` times the average; with a
+    looser bound it keeps them."""
+    for bound, expect_home in ((1.5, False), (10.0, True)):
+        gw = gateway([A, B], routing_load_bound=bound)
+        all_scraped(gw, [A, B], waiting=2)
+        first = route(gw, LONG_PROMPT)
+        home = first.upstream
+        other = B if home == A else A
+        first.finish()
+        for _ in range(4):
+            router_of(gw).fleet.inflight.add(home)
+        decision = route(gw, LONG_PROMPT)
+        if expect_home:
+            assert decision.upstream == home
+        else:
+            assert decision.upstream == other
+            assert decision.ranking == [other, home]
+
+
+# -- policies -------------------------------------------------------------------------------------
+
+
+def test_round_robin_cycles_over_healthy_upstreams_in_order() -> None:
+    """``round-robin``: request n goes to healthy upstream n mod k, in configured order."""
+    gw = gateway(routing_policy="round-robin")
+    all_scraped(gw)
+    scraped(gw, B, healthy=False)
+    chosen = []
+    for i in range(7):
+        decision = route(gw, LONG_PROMPT)
+        chosen.append(decision.upstream)
+        assert B not in decision.ranking
+        if i % 2:
+            decision.finish()
+    assert chosen == [A, C, D, A, C, D, A]
+
+
+def test_least_loaded_picks_the_fewest_waiting_running_and_ours() -> None:
+    """``least-loaded``: minimum of waiting + running + our in flight, stale readings last,
+    ties to the fewest of ours; our new request counts at once."""
+    gw = gateway(routing_policy="least-loaded")
+    scraped(gw, A, waiting=3, running=2)  # 5
+    scraped(gw, B, waiting=1, running=1)  # 2 + 2 of ours = 4
+    scraped(gw, C, waiting=0, running=0, stale=True)  # looks idle, but stale
+    scraped(gw, D, waiting=2, running=2)  # 4, none of ours
+    router_of(gw).fleet.inflight.add(B)
+    router_of(gw).fleet.inflight.add(B)
+    first = route(gw)
+    assert first.ranking == [D, B, A, C]
+    assert first.scores["load"] == {A: 5.0, B: 4.0, C: 0.0, D: 4.0}
+    second = route(gw)  # D now has one of ours too: 5
+    assert second.upstream == B
+
+
+# -- decisions ------------------------------------------------------------------------------------
+
+
+def test_finish_gives_the_in_flight_count_back_once() -> None:
+    """``finish()`` decrements once; calling it again neither fails nor decrements."""
+    gw = gateway([A])
+    scraped(gw, A)
+    one, two = route(gw), route(gw)
+    assert in_flight(gw) == {A: 2}
+    assert one.finish() is True
+    assert in_flight(gw) == {A: 1}
+    assert one.finish() is False
+    assert in_flight(gw) == {A: 1}
+    assert two.finish() is True
+    assert in_flight(gw) == {A: 0}
+
+
+def test_reroute_moves_the_request_down_the_ranking() -> None:
+    """``reroute()`` moves the request (and its in-flight count) to the next upstream in
+    the ranking; at the end of the ranking it returns None and changes nothing."""
+    gw = gateway([A, B, C])
+    all_scraped(gw, [A, B, C])
+    decision = route(gw, LONG_PROMPT)
+    first, second, third = decision.ranking
+    assert in_flight(gw) == {first: 1, second: 0, third: 0}
+    assert decision.reroute() == second
+    assert decision.upstream == second
+    assert in_flight(gw) == {first: 0, second: 1, third: 0}
+    assert decision.reroute() == third
+    assert in_flight(gw) == {first: 0, second: 0, third: 1}
+    assert decision.reroute() is None
+    assert decision.upstream == third
+    assert in_flight(gw) == {first: 0, second: 0, third: 1}
+    assert decision.finish() is True
+    assert in_flight(gw) == dict.fromkeys([A, B, C], 0)
+
+
+def test_reroute_after_finish_does_nothing() -> None:
+    """A finished request cannot be rerouted: None, and no count appears anywhere."""
+    gw = gateway([A, B])
+    all_scraped(gw, [A, B])
+    decision = route(gw)
+    decision.finish()
+    assert decision.reroute() is None
+    assert in_flight(gw) == {A: 0, B: 0}
+
+
+def test_a_burst_between_scrapes_spreads_evenly_over_queue_depth() -> None:
+    """Counting at decision time: 100 requests routed before any finishes (and before the
+    next scrape) land 25 on each of 4 identical upstreams, not all on one."""
+    gw = gateway(routing_scorers="queue-depth:1")
+    all_scraped(gw, waiting=3, running=5)
+    chosen = Counter(route(gw).upstream for _ in range(100))
+    assert set(chosen) == set(URLS)
+    for url in URLS:
+        assert 24 <= chosen[url] <= 26, chosen
+    assert in_flight(gw) == dict(chosen)
+
+
+def test_a_repeated_prompt_stays_on_one_upstream_while_it_keeps_up() -> None:
+    """Prefix affinity: the same prompt, one request at a time, always goes to the upstream
+    rendezvous hashing picked for it."""
+    gw = gateway(routing_scorers="prefix-affinity:5,queue-depth:1")
+    all_scraped(gw)
+    router = router_of(gw)
+    text = prompt_text({"prompt": LONG_PROMPT})
+    home = router.fleet.rendezvous(blocks_of(text, None, gw.settings.prefix_block_bytes)[0], URLS)
+    for _ in range(30):
+        decision = route(gw, LONG_PROMPT)
+        assert decision.upstream == home
+        decision.finish()
+
+
+@pytest.mark.parametrize("bound", [1.0, 1.5, 2.0, 3.0])
+def test_the_load_guard_keeps_a_hot_prefix_from_piling_onto_one_upstream(bound: float) -> None:
+    """A burst of one prompt to busy upstreams starts on the prompt's upstream, then spreads
+    once the load guard passes it over: no upstream ever holds more than
+    ceil(bound x average)."""
+    gw = gateway(routing_scorers="prefix-affinity:5,queue-depth:1", routing_load_bound=bound)
+    all_scraped(gw, waiting=2, running=8)
+    first = route(gw, LONG_PROMPT).upstream
+    for sent in range(2, 101):
+        route(gw, LONG_PROMPT)
+        counts = in_flight(gw)
+        assert sum(counts.values()) == sent
+        assert max(counts.values()) <= math.ceil(bound * sent / len(URLS)), (sent, counts)
+    counts = in_flight(gw)
+    assert counts[first] > 0
+    assert len([u for u in URLS if counts[u] > 0]) >= 2
+
+
+def test_a_burst_between_scrapes_does_not_pile_a_hot_prefix_onto_an_idle_upstream() -> None:
+    """Count at decision time (ROUTING.md): 100 requests of one prompt sent before the
+    next scrape, to upstreams whose last scrape showed them idle, are held to
+    ceil(routing_load_bound x average) per upstream like any other burst; the guard does
+    not wait for a scrape to show the queue it let build up."""
+    gw = gateway(routing_scorers="prefix-affinity:5,queue-depth:1", routing_load_bound=1.5)
+    all_scraped(gw, waiting=0, running=0)
+    for _ in range(100):
+        route(gw, LONG_PROMPT)
+    counts = in_flight(gw)
+    assert sum(counts.values()) == 100
+    assert max(counts.values()) <= math.ceil(1.5 * 100 / len(URLS)), counts
+
+
+def test_decision_scores_name_every_scorer_and_the_total_within_zero_one() -> None:
+    """``decision.scores`` has one entry per configured scorer plus ``total``, each score
+    in [0, 1], and the chosen upstream has the best total."""
+    scorers = "prefix-affinity:5,queue-depth:1,kv-utilization:1,load-balance:1,session-affinity:1"
+    gw = gateway(routing_scorers=scorers)
+    for i, url in enumerate(URLS):
+        scraped(gw, url, waiting=i, running=2 * i, kv_usage=i / 4)
+    for i in range(20):
+        decision = route(gw, f"{i % 3} " + LONG_PROMPT, session=f"s{i % 5}")
+        assert set(decision.scores) == {
+            "prefix-affinity",
+            "queue-depth",
+            "kv-utilization",
+            "load-balance",
+            "session-affinity",
+            "total",
+        }
+        for per_upstream in decision.scores.values():
+            assert set(per_upstream) <= set(URLS)
+            assert all(0.0 <= score <= 1.0 for score in per_upstream.values())
+        totals = decision.scores["total"]
+        # the candidates: upstreams the load guard passed over are not scored
+        assert decision.upstream in totals
+        assert totals[decision.upstream] == max(totals.values())
+
+
+def test_the_same_seed_breaks_ties_the_same_way() -> None:
+    """Two gateways with the same ``routing_seed`` make the same choices among ties; the
+    choices still spread over every upstream."""
+
+    def choices(seed: int) -> list[str]:
+        gw = gateway(routing_scorers="queue-depth:1", routing_seed=seed)
+        all_scraped(gw)
+        result = []
+        for _ in range(60):
+            decision = route(gw)
+            result.append(decision.upstream)
+            decision.finish()  # every decision is a full tie
+        return result
+
+    first = choices(7)
+    assert choices(7) == first
+    assert set(first) == set(URLS)
+    assert any(choices(seed) != first for seed in (8, 9, 10))
+
+
+class BrokenScorer:
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def score(self, request: object, upstreams: list[str]) -> Mapping[str, float]:
+        if self.where == "score":
+            raise RuntimeError("score exploded")
+        return dict.fromkeys(upstreams, 0.5)
+
+    def dispatched(self, request: object, upstream: str) -> None:
+        if self.where == "dispatched":
+            raise RuntimeError("dispatched exploded")
+
+
+class BrokenScorerPlugin:
+    """An application plugin offering a scorer that fails on the request path."""
+
+    def __init__(self, where: str) -> None:
+        self.__name__ = "broken-scorer-plugin"
+        self.where = where
+
+    @hookimpl
+    def obleth_routing_scorers(self) -> Mapping[str, Any]:
+        return {"broken": lambda settings: BrokenScorer(self.where)}
+
+
+@pytest.mark.parametrize("where", ["score", "dispatched"])
+def test_a_raising_scorer_plugin_is_named_in_the_log_and_the_request_still_routed(
+    where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A third-party scorer that raises does not fail the request: it is routed without
+    that scorer, counted in flight, and the log names the plugin."""
+    gw = gateway(routing_scorers="broken:1,queue-depth:1", plugins=[BrokenScorerPlugin(where)])
+    all_scraped(gw)
+    with caplog.at_level(logging.ERROR):
+        decision = route(gw, LONG_PROMPT)
+    assert decision.upstream in URLS
+    assert in_flight(gw)[decision.upstream] == 1
+    assert "broken" in decision.scores
+    if where == "score":
+        assert decision.scores["broken"] == {}
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("broken-scorer-plugin" in message for message in errors), errors
+    assert any("exploded" in message for message in errors), errors
+    # and the next request is routed too
+    route(gw, LONG_PROMPT)
+    assert sum(in_flight(gw).values()) == 2

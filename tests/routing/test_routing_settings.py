@@ -1,0 +1,370 @@
+"""Routing settings: every mistake stops startup with the setting's name and what it accepts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway import ConfigError, Gateway, Settings
+from gateway.routing.upstreams import Upstream
+
+A, B = "http://vllm-a:8000", "http://vllm-b:8000"
+INSTALLED_SCORERS = [
+    "kv-utilization",
+    "load-balance",
+    "prefix-affinity",
+    "queue-depth",
+    "session-affinity",
+]
+
+
+def test_default_scorers_are_prefix_affinity_5_and_queue_depth_1() -> None:
+    """Out of the box the weighted policy is prefix-affinity:5,queue-depth:1, in that order."""
+    settings = Settings()
+    assert settings.routing_policy == "weighted"
+    assert list(settings.routing_scorers.items()) == [
+        ("prefix-affinity", 5.0),
+        ("queue-depth", 1.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("queue-depth:1", {"queue-depth": 1.0}),
+        (" kv-utilization : 2 , load-balance:0.5 ", {"kv-utilization": 2.0, "load-balance": 0.5}),
+        (
+            {"session-affinity": 3, "queue-depth": 1.5},
+            {"session-affinity": 3.0, "queue-depth": 1.5},
+        ),
+    ],
+    ids=["text", "spaces", "mapping"],
+)
+def test_routing_scorers_accept_text_and_mappings(value: Any, expected: dict[str, float]) -> None:
+    """``routing_scorers`` takes ``name:weight`` text or a mapping; weights become floats."""
+    assert dict(Settings(routing_scorers=value).routing_scorers) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("prefix-affinity:5,prefix-affinity:1", "given twice"),
+        ("queue-depth:x", "not a number"),
+        ("queue-depth:inf", "finite"),
+        ("queue-depth:nan", "finite"),
+        ("queue-depth:0", "greater than 0"),
+        ("queue-depth:-1", "greater than 0"),
+        ("queue-depth", "no ':weight'"),
+        ("prefix-affinity:5,queue-depth", "no ':weight'"),
+        ("", "no scorer given"),
+        (" , ", "no scorer given"),
+        ({}, "no scorer given"),
+        ({"queue-depth": 0}, "greater than 0"),
+        ({"queue-depth": float("inf")}, "finite"),
+        ({"queue-depth": float("nan")}, "finite"),
+        ({"queue-depth": "x"}, "not a number"),
+        ({"queue-depth": True}, "not a number"),
+        (42, "scorer:weight pairs"),
+    ],
+    ids=[
+        "duplicate",
+        "weight-x",
+        "inf",
+        "nan",
+        "zero",
+        "negative",
+        "missing-weight",
+        "missing-second-weight",
+        "empty",
+        "only-commas",
+        "empty-mapping",
+        "mapping-zero",
+        "mapping-inf",
+        "mapping-nan",
+        "mapping-text",
+        "mapping-bool",
+        "not-text",
+    ],
+)
+def test_bad_routing_scorers_are_refused_naming_the_setting(value: Any, complaint: str) -> None:
+    """A malformed scorer list names ``routing_scorers``, the bad part, and an example."""
+    with pytest.raises(ConfigError) as caught:
+        Settings(routing_scorers=value)
+    message = str(caught.value)
+    assert caught.value.setting == "routing_scorers"
+    assert message.startswith("routing_scorers=")
+    assert complaint in message
+    assert "prefix-affinity:5,queue-depth:1" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("queue-depth:1,queue-depth:2", "given twice"),
+        ("queue-depth:x", "not a number"),
+        ("queue-depth:inf", "finite"),
+        ("queue-depth:nan", "finite"),
+        ("queue-depth:0", "greater than 0"),
+        ("queue-depth:-1", "greater than 0"),
+        ("queue-depth", "no ':weight'"),
+        ("", "no scorer given"),
+    ],
+)
+def test_bad_obleth_routing_scorers_names_the_variable(text: str, complaint: str) -> None:
+    """From the environment the error names ``OBLETH_ROUTING_SCORERS``, as the user wrote it."""
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"OBLETH_ROUTING_SCORERS": text})
+    assert caught.value.setting == "OBLETH_ROUTING_SCORERS"
+    assert str(caught.value).startswith("OBLETH_ROUTING_SCORERS=")
+    assert complaint in str(caught.value)
+
+
+def test_obleth_routing_scorers_reads_a_comma_list() -> None:
+    """``OBLETH_ROUTING_SCORERS=a:1,b:2`` keeps the names, their weights and their order."""
+    settings = Settings.from_env(
+        {"OBLETH_ROUTING_SCORERS": "session-affinity:3, kv-utilization:1.5,queue-depth:1"}
+    )
+    assert list(settings.routing_scorers.items()) == [
+        ("session-affinity", 3.0),
+        ("kv-utilization", 1.5),
+        ("queue-depth", 1.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("source", "label"),
+    [("code", "routing_scorers"), ("env", "OBLETH_ROUTING_SCORERS")],
+)
+def test_an_unknown_scorer_stops_gateway_assembly_listing_the_installed_ones(
+    source: str, label: str
+) -> None:
+    """A scorer name no plugin offers stops startup; the message lists what is installed."""
+    if source == "env":
+        settings = Settings.from_env(
+            {"OBLETH_UPSTREAMS": A, "OBLETH_ROUTING_SCORERS": "prefix-afinity:5,queue-depth:1"}
+        )
+    else:
+        settings = Settings(upstreams=[A], routing_scorers="prefix-afinity:5,queue-depth:1")
+    with pytest.raises(ConfigError) as caught:
+        Gateway(settings, entry_points=False)
+    message = str(caught.value)
+    assert caught.value.setting == label
+    assert message.startswith(f"{label}='prefix-afinity'")
+    assert "installed:" in message
+    for name in INSTALLED_SCORERS:
+        assert name in message
+
+
+def test_installed_scorers_assemble_into_a_router() -> None:
+    """Every built-in scorer name is accepted at assembly."""
+    scorers = ",".join(f"{name}:1" for name in INSTALLED_SCORERS)
+    gateway = Gateway(Settings(upstreams=[A], routing_scorers=scorers), entry_points=False)
+    assert gateway.router is not None
+
+
+# -- upstreams ----------------------------------------------------------------------------------
+
+
+def test_obleth_upstreams_reads_urls_and_their_models() -> None:
+    """``OBLETH_UPSTREAMS``: comma-separated base URLs, each optionally ``=model|model``."""
+    settings = Settings.from_env(
+        {"OBLETH_UPSTREAMS": f"{A}=llama-3|qwen , {B}/,http://vllm-c:8000/v1=mistral"}
+    )
+    assert settings.upstreams == (
+        Upstream(A, frozenset({"llama-3", "qwen"})),
+        Upstream(B),
+        Upstream("http://vllm-c:8000/v1", frozenset({"mistral"})),
+    )
+
+
+def test_upstreams_in_code_take_text_and_mappings() -> None:
+    """In code, upstreams are entries like the environment's, mappings, or ``Upstream``s."""
+    settings = Settings(
+        upstreams=[f"{A}=llama", {"url": B, "models": ["qwen", "llama"]}, Upstream("https://c")]
+    )
+    assert settings.upstreams == (
+        Upstream(A, frozenset({"llama"})),
+        Upstream(B, frozenset({"qwen", "llama"})),
+        Upstream("https://c"),
+    )
+    assert Upstream(A).serves("anything")
+    assert settings.upstreams[0].serves("llama")
+    assert not settings.upstreams[0].serves("qwen")
+
+
+@pytest.mark.parametrize(
+    ("entry", "complaint"),
+    [
+        ("ftp://vllm-a:8000", "http:// or https://"),
+        ("http://", "http:// or https://"),
+        ("vllm-a:8000", "http:// or https://"),
+        ("http://vllm-a:8000/?debug", "without a query"),
+        ("http://vllm-a:8000/v1#top", "without a query or fragment"),
+        (f"{A}=", "names no model"),
+        (f"{A}= | ", "names no model"),
+        ({"models": ["llama"]}, "no 'url'"),
+        (42, "not an upstream URL"),
+        ("  ", "not an upstream URL"),
+    ],
+    ids=[
+        "ftp",
+        "no-host",
+        "no-scheme",
+        "query",
+        "fragment",
+        "empty-models",
+        "blank-models",
+        "mapping-no-url",
+        "number",
+        "blank",
+    ],
+)
+def test_bad_upstreams_are_refused_naming_the_setting(entry: Any, complaint: str) -> None:
+    """A bad upstream entry names ``upstreams`` and says what an upstream looks like."""
+    with pytest.raises(ConfigError) as caught:
+        Settings(upstreams=[A, entry])
+    assert caught.value.setting == "upstreams"
+    assert str(caught.value).startswith("upstreams=")
+    assert complaint in str(caught.value)
+
+
+@pytest.mark.parametrize("text", ["ftp://vllm-a:8000", "http://", f"{A},http://b:1/?q=1"])
+def test_bad_obleth_upstreams_names_the_variable(text: str) -> None:
+    """From the environment the error names ``OBLETH_UPSTREAMS``."""
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"OBLETH_UPSTREAMS": text})
+    assert caught.value.setting == "OBLETH_UPSTREAMS"
+    assert "http://" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "upstreams",
+    [[A, A], [A, f"{A}/"], [f"{A}=llama", f"{A}=qwen"], f"{B},{A},{B}"],
+    ids=["same", "trailing-slash", "different-models", "env-style-text"],
+)
+def test_an_upstream_listed_twice_is_refused(upstreams: Any) -> None:
+    """The same base URL twice is a mistake (two entries for one server), named as such."""
+    with pytest.raises(ConfigError, match="listed twice") as caught:
+        Settings(upstreams=upstreams)
+    assert caught.value.setting == "upstreams"
+
+
+# -- policy, load bound, session header ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["weighted", "round-robin", "least-loaded"])
+def test_known_routing_policies_are_accepted(policy: str) -> None:
+    """The three policies are spelled as documented."""
+    assert Settings(routing_policy=policy).routing_policy == policy  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("policy", ["random", "round_robin", "Weighted", "", None])
+def test_an_unknown_routing_policy_is_refused_listing_the_known_ones(policy: Any) -> None:
+    """An unknown policy names ``routing_policy`` and the three that exist."""
+    with pytest.raises(ConfigError) as caught:
+        Settings(routing_policy=policy)
+    message = str(caught.value)
+    assert caught.value.setting == "routing_policy"
+    for known in ("weighted", "round-robin", "least-loaded"):
+        assert known in message
+
+
+def test_an_unknown_obleth_routing_policy_names_the_variable() -> None:
+    """From the environment the error names ``OBLETH_ROUTING_POLICY``."""
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"OBLETH_ROUTING_POLICY": "fastest"})
+    assert caught.value.setting == "OBLETH_ROUTING_POLICY"
+    assert "round-robin" in str(caught.value)
+
+
+@pytest.mark.parametrize("bound", [1, 1.0, 1.5, 10])
+def test_a_load_bound_of_at_least_one_is_accepted(bound: float) -> None:
+    """``routing_load_bound`` is a multiple of the average, 1 or more."""
+    assert Settings(routing_load_bound=bound).routing_load_bound == float(bound)
+
+
+@pytest.mark.parametrize("bound", [0.99, 0.5, 0, -1, float("inf"), float("nan"), True, "2"])
+def test_a_load_bound_below_one_or_not_finite_is_refused(bound: Any) -> None:
+    """A bound below 1 would pass over every upstream; it names the setting and the range."""
+    with pytest.raises(ConfigError) as caught:
+        Settings(routing_load_bound=bound)
+    assert caught.value.setting == "routing_load_bound"
+    assert "at least 1" in str(caught.value)
+
+
+@pytest.mark.parametrize(("text", "complaint"), [("0.5", "at least 1"), ("x", "number")])
+def test_a_bad_obleth_routing_load_bound_names_the_variable(text: str, complaint: str) -> None:
+    """From the environment the error names ``OBLETH_ROUTING_LOAD_BOUND``."""
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"OBLETH_ROUTING_LOAD_BOUND": text})
+    assert caught.value.setting == "OBLETH_ROUTING_LOAD_BOUND"
+    assert complaint in str(caught.value)
+
+
+def test_a_session_header_is_stored_lower_case() -> None:
+    """Header names are case-insensitive; the setting keeps the lower-case form."""
+    assert Settings(session_header=" X-Conversation-Id ").session_header == "x-conversation-id"
+    assert Settings().session_header == "x-session-id"
+
+
+@pytest.mark.parametrize("header", ["x session", "x-session:", "", "  ", None, 7, "sess\u00efon"])
+def test_an_invalid_session_header_is_refused(header: Any) -> None:
+    """A session header that is no HTTP header name names ``session_header``."""
+    with pytest.raises(ConfigError) as caught:
+        Settings(session_header=header)
+    assert caught.value.setting == "session_header"
+    assert "HTTP header name" in str(caught.value)
+
+
+def test_an_invalid_obleth_session_header_names_the_variable() -> None:
+    """From the environment the error names ``OBLETH_SESSION_HEADER``."""
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"OBLETH_SESSION_HEADER": "x session"})
+    assert caught.value.setting == "OBLETH_SESSION_HEADER"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("routing_seed", "7"),
+        ("routing_seed", 1.5),
+        ("prefix_block_bytes", 0),
+        ("prefix_index_blocks", 0),
+        ("upstream_poll_interval_s", 0),
+        ("upstream_poll_timeout_s", -1),
+        ("upstream_header", "yes"),
+    ],
+)
+def test_other_routing_settings_refuse_bad_values_by_name(name: str, value: Any) -> None:
+    """The remaining routing settings also name themselves when given a bad value."""
+    with pytest.raises(ConfigError) as caught:
+        Settings(**{name: value})
+    assert caught.value.setting == name
+
+
+def test_routing_settings_read_from_the_environment() -> None:
+    """Every routing setting has an ``OBLETH_*`` form."""
+    settings = Settings.from_env(
+        {
+            "OBLETH_UPSTREAMS": A,
+            "OBLETH_ROUTING_POLICY": "least-loaded",
+            "OBLETH_ROUTING_LOAD_BOUND": "2.5",
+            "OBLETH_ROUTING_SEED": "42",
+            "OBLETH_SESSION_HEADER": "X-Chat-Id",
+            "OBLETH_UPSTREAM_HEADER": "true",
+            "OBLETH_PREFIX_BLOCK_BYTES": "128",
+            "OBLETH_PREFIX_INDEX_BLOCKS": "1000",
+            "OBLETH_UPSTREAM_POLL_INTERVAL_S": "0.5",
+            "OBLETH_UPSTREAM_POLL_TIMEOUT_S": "0.1",
+        }
+    )
+    assert settings.upstreams == (Upstream(A),)
+    assert settings.routing_policy == "least-loaded"
+    assert settings.routing_load_bound == 2.5
+    assert settings.routing_seed == 42
+    assert settings.session_header == "x-chat-id"
+    assert settings.upstream_header is True
+    assert (settings.prefix_block_bytes, settings.prefix_index_blocks) == (128, 1000)
+    assert (settings.upstream_poll_interval_s, settings.upstream_poll_timeout_s) == (0.5, 0.1)
+    assert Settings.from_env({"OBLETH_ROUTING_SEED": ""}).routing_seed is None
