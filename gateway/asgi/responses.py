@@ -10,10 +10,12 @@ from gateway.types import Send
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
+    404: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_exceeded",
     502: "server_error",
     503: "server_overloaded",
+    504: "server_error",
 }
 
 

@@ -3,8 +3,10 @@
 ::
 
     app.py        ProxyApp (lifespan, the shared client, the upstream choice) and proxy_to
-    upstream.py   which upstream a request goes to, and the URL it is sent to there
-    exchange.py   one request relayed both ways: streaming, disconnects, upstream failures
+    upstream.py   which upstream a request goes to, the URL it is sent to there, and
+                  Reroutable, the router's handle the proxy retries through
+    exchange.py   one request relayed both ways: streaming, disconnects, timeouts,
+                  upstream failures and the one retry on the next-best upstream
     headers.py    which headers cross the proxy (not the hop-by-hop ones)
     client.py     the pooled HTTP client shared by all requests
 """
@@ -12,6 +14,6 @@
 from __future__ import annotations
 
 from gateway.proxy.app import ProxyApp, proxy_to
-from gateway.proxy.upstream import UpstreamChoice, routed_upstream
+from gateway.proxy.upstream import Reroutable, UpstreamChoice, route_of, routed_upstream
 
-__all__ = ["ProxyApp", "UpstreamChoice", "proxy_to", "routed_upstream"]
+__all__ = ["ProxyApp", "Reroutable", "UpstreamChoice", "proxy_to", "route_of", "routed_upstream"]

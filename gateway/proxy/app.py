@@ -10,10 +10,11 @@ import httpx
 from gateway.asgi.responses import send_json_error
 from gateway.errors import ConfigError
 from gateway.proxy.client import upstream_client
-from gateway.proxy.exchange import forward
+from gateway.proxy.exchange import RETRY_BODY_BYTES, forward
 from gateway.proxy.upstream import (
     UpstreamChoice,
     parse_upstream,
+    route_of,
     routed_upstream,
     target_url,
 )
@@ -30,14 +31,32 @@ class ProxyApp:
     Method, path, query string, headers (without hop-by-hop ones; ``host`` becomes the
     upstream's) and body go to the upstream as the client sent them; status, headers and
     body come back as the upstream sent them, chunk by chunk. ``gateway.proxy.exchange``
-    says what happens when the client disconnects or the upstream fails (502/503 JSON
-    errors before the response has started, a cut-short response after).
+    says what happens when the client disconnects, when the upstream fails or is too slow
+    (502/503/504 JSON errors before the response has started, a cut-short response after),
+    and when a request is retried.
 
     Which upstream is the one decision a router takes over: ``choose_upstream(scope)``
-    returns a base URL. By default it is the router's choice in
-    ``scope["state"]["obleth"]["upstream"]`` when there is one, else ``upstream``. Pass
-    ``choose=`` (or assign ``choose_upstream``) to decide differently; it is called on the
-    request path, so no I/O.
+    returns a base URL, or None for none. By default it is the router's choice in
+    ``scope["state"]["obleth"]["upstream"]`` when there is one, else the ``upstream`` of
+    the router's ``Reroutable`` in ``scope["state"]["obleth"]["route"]``, else
+    ``upstream``. Pass ``choose=`` (or assign ``choose_upstream``) to decide differently;
+    it is called on the request path, so no I/O. A request left without an upstream (no
+    ``upstream`` configured and none routed) is answered 503 ``no_upstream``.
+
+    With a ``Reroutable`` in the scope, a request that failed upstream before anything was
+    sent to the client is sent once more, to the route's next-best upstream; without one,
+    there is no retry. Options, in seconds where they are times:
+
+    - ``connect_timeout_s``: connecting, and waiting for a free pooled connection.
+    - ``response_timeout_s``: from the request written to the response headers received;
+      exceeded, 504 ``upstream_timeout`` and no retry. A non-streamed completion gets its
+      headers only with the whole answer, so for those this bounds the generation too.
+      None: no limit.
+    - ``read_timeout_s``: the longest silence between two response body chunks; exceeded,
+      the response is cut short. None: no limit.
+    - ``retry_body_bytes``: a request body up to this size is held in memory so that the
+      retry can send it again; a larger body is streamed and its request never retried.
+    - ``max_connections``: upstream connections open at once, all upstreams together.
 
     All requests share one HTTP client (see ``gateway.proxy.client``): lifespan startup
     opens it, lifespan shutdown closes it. Without a lifespan it opens on the first request
@@ -48,31 +67,26 @@ class ProxyApp:
 
     def __init__(
         self,
-        upstream: str,
+        upstream: str | None = None,
         *,
         choose: UpstreamChoice | None = None,
         connect_timeout_s: float = 5.0,
+        response_timeout_s: float | None = None,
+        read_timeout_s: float | None = None,
+        retry_body_bytes: int = RETRY_BODY_BYTES,
         max_connections: int = 1024,
     ) -> None:
-        parse_upstream(upstream)
-        if isinstance(connect_timeout_s, bool) or not isinstance(connect_timeout_s, int | float):
-            raise ConfigError("connect_timeout_s", connect_timeout_s, "expected seconds, e.g. 5")
-        if not math.isfinite(connect_timeout_s) or connect_timeout_s <= 0:
-            raise ConfigError(
-                "connect_timeout_s",
-                connect_timeout_s,
-                "expected a finite number of seconds above 0",
-            )
-        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
-            raise ConfigError("max_connections", max_connections, "expected a whole number")
-        if max_connections < 1:
-            raise ConfigError("max_connections", max_connections, "expected at least 1")
+        if upstream is not None:
+            parse_upstream(upstream)
         self.upstream = upstream
         self.choose_upstream: UpstreamChoice = (
             choose if choose is not None else self._routed_or_configured
         )
-        self._connect_timeout_s = float(connect_timeout_s)
-        self._max_connections = max_connections
+        self._connect_timeout_s = _seconds("connect_timeout_s", connect_timeout_s)
+        self._response_timeout_s = _seconds_or_none("response_timeout_s", response_timeout_s)
+        self._read_timeout_s = _seconds_or_none("read_timeout_s", read_timeout_s)
+        self._retry_body_bytes = _count("retry_body_bytes", retry_body_bytes, minimum=0)
+        self._max_connections = _count("max_connections", max_connections, minimum=1)
         self._client: httpx.AsyncClient | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -91,8 +105,12 @@ class ProxyApp:
         if client is not None:
             await client.aclose()
 
-    def _routed_or_configured(self, scope: Scope) -> str:
-        return routed_upstream(scope) or self.upstream
+    def _routed_or_configured(self, scope: Scope) -> str | None:
+        chosen = routed_upstream(scope)
+        if chosen is None:
+            route = route_of(scope)
+            chosen = route.upstream if route is not None else None
+        return chosen or self.upstream
 
     def _client_now(self) -> httpx.AsyncClient:
         client = self._client
@@ -104,6 +122,19 @@ class ProxyApp:
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         chosen = self.choose_upstream(scope)
+        if chosen is None:
+            log.error(
+                "cannot forward %s %s: no router chose an upstream and none is configured",
+                scope["method"],
+                scope["path"],
+            )
+            await send_json_error(
+                send,
+                503,
+                "the gateway has no upstream for this request; retry later",
+                code="no_upstream",
+            )
+            return
         try:
             base = parse_upstream(chosen, _ROUTED)
         except ConfigError as exc:
@@ -115,7 +146,17 @@ class ProxyApp:
                 code="bad_upstream",
             )
             return
-        await forward(self._client_now(), target_url(base, scope), scope, receive, send)
+        await forward(
+            self._client_now(),
+            target_url(base, scope),
+            scope,
+            receive,
+            send,
+            route=route_of(scope),
+            retry_body_bytes=self._retry_body_bytes,
+            response_timeout_s=self._response_timeout_s,
+            read_timeout_s=self._read_timeout_s,
+        )
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -130,8 +171,46 @@ class ProxyApp:
 
 
 def proxy_to(
-    upstream: str, *, connect_timeout_s: float = 5.0, max_connections: int = 1024
+    upstream: str,
+    *,
+    connect_timeout_s: float = 5.0,
+    response_timeout_s: float | None = None,
+    read_timeout_s: float | None = None,
+    retry_body_bytes: int = RETRY_BODY_BYTES,
+    max_connections: int = 1024,
 ) -> ProxyApp:
     """The streaming proxy to ``upstream``, ready to wrap:
     ``GatewayMiddleware(proxy_to("http://vllm-0:8000"))``. See ``ProxyApp``."""
-    return ProxyApp(upstream, connect_timeout_s=connect_timeout_s, max_connections=max_connections)
+    return ProxyApp(
+        upstream,
+        connect_timeout_s=connect_timeout_s,
+        response_timeout_s=response_timeout_s,
+        read_timeout_s=read_timeout_s,
+        retry_body_bytes=retry_body_bytes,
+        max_connections=max_connections,
+    )
+
+
+def _seconds(option: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(option, value, "expected seconds, e.g. 5")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(option, value, "expected a finite number of seconds above 0")
+    return float(value)
+
+
+def _seconds_or_none(option: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return _seconds(option, value)
+    except ConfigError as exc:
+        raise ConfigError(option, value, f"{exc.expected}, or None for no limit") from None
+
+
+def _count(option: str, value: int, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(option, value, "expected a whole number")
+    if value < minimum:
+        raise ConfigError(option, value, f"expected at least {minimum}")
+    return value

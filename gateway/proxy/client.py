@@ -13,7 +13,9 @@ def upstream_client(*, connect_timeout_s: float, max_connections: int) -> httpx.
     """A client for forwarding: pooled keep-alive connections, no read timeout.
 
     - No read or write timeout: a completion may stream for minutes and a client may
-      upload slowly; the proxy ends an exchange when either side goes away, not on a clock.
+      upload slowly. The proxy's own ``response_timeout_s`` and ``read_timeout_s`` (see
+      ``gateway.proxy.exchange``) bound the waits on the upstream, as httpx's read timeout
+      could not: it is one value for the response headers and every body chunk alike.
     - ``connect_timeout_s`` bounds both connecting and waiting for a free pooled
       connection, so an unreachable or saturated upstream is answered, not waited on.
     - Up to ``max_connections`` connections, all of them kept alive between requests:

@@ -1,56 +1,94 @@
-"""One proxied exchange: the request streamed to the upstream, the answer streamed back.
+"""One proxied exchange: the request sent upstream (once more, to the next-best upstream,
+when the first one failed before answering) and the answer streamed back.
 
 What callers of ``forward`` may rely on:
 
-- The request body is relayed as the client sends it, never buffered whole; the response
-  body is relayed chunk by chunk as the upstream sends it, so server-sent events reach the
-  client one by one.
+- The response body is relayed chunk by chunk as the upstream sends it, so server-sent
+  events reach the client one by one.
+- Without a route, the request body is relayed as the client sends it, never buffered
+  whole. With a route, a body of up to ``retry_body_bytes`` is read whole before the
+  request goes upstream, so that it can be sent a second time; a larger one is relayed as
+  it comes, and that request is never retried.
+- One retry, only with a route and a body held whole: when the upstream fails before
+  anything was sent to the client, the route gives it up (``route.reroute()``) and the
+  same request (method, path, query, headers, body) goes to the upstream the route names
+  next. Any method is retried, POST included: nothing was answered yet. Failures that
+  count: no connection could be made (refused, connect timeout), the connection broke
+  before the response headers, a 5xx status. Failures that do not: the response timeout
+  (the upstream may still be working on the request, and a second copy elsewhere would
+  add load where it hurts most) and a saturated connection pool (the pool is shared by all
+  upstreams, so a retry would wait on the same pool). There is never a second retry.
+  When the route has no other upstream, the failure is answered as without a route: a 5xx
+  is relayed as the upstream sent it, a connection failure gets the JSON error below.
 - ``forward`` returns when the response is complete, when the client has gone away, or
-  when the upstream failed. When the client goes away, the upstream connection is closed
-  at once, so the upstream sees the disconnect and stops generating.
+  when the upstream failed. When the client goes away, at whatever stage (a retry
+  included), the upstream connection is closed at once, so the upstream sees the
+  disconnect and stops generating.
 - Before the response has started, an upstream failure is answered with an OpenAI-style
   JSON error: 502 ``upstream_unreachable`` (no connection could be made), 502
   ``upstream_failed`` (connected, but no answer came), 503
   ``upstream_connections_exhausted`` (every pooled connection stayed busy for longer than
-  the connect timeout).
-- After it has started, the status cannot change any more: an upstream failure cuts the
-  response short without its end (no final chunk, or fewer bytes than Content-Length), so
-  the client sees the truncation instead of taking half an answer for a whole one.
+  the connect timeout), 504 ``upstream_timeout`` (no response headers within
+  ``response_timeout_s``; the clock starts once the request is written, so connecting
+  and a slow upload do not count).
+- After it has started, the status cannot change any more: an upstream failure, or a
+  silence of more than ``read_timeout_s`` between two body chunks, cuts the response short
+  without its end (no final chunk, or fewer bytes than Content-Length), so the client
+  sees the truncation instead of taking half an answer for a whole one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 
 from gateway.asgi.responses import send_json_error
-from gateway.errors import Disconnected
+from gateway.errors import ConfigError, Disconnected
 from gateway.proxy.headers import to_client, to_upstream
+from gateway.proxy.upstream import Reroutable, parse_upstream, target_url
 from gateway.types import Message, Receive, Scope, Send
 
 log = logging.getLogger("obleth.proxy")
 
+RETRY_BODY_BYTES = 8 * 1024 * 1024
+"""Default bound on the request body held in memory so that a retry can send it again."""
+
+# Failures before the response headers after which another upstream has a better chance.
+_WORTH_RETRYING = (httpx.ConnectTimeout, httpx.NetworkError, httpx.RemoteProtocolError)
+
 
 async def forward(
-    client: httpx.AsyncClient, url: httpx.URL, scope: Scope, receive: Receive, send: Send
+    client: httpx.AsyncClient,
+    url: httpx.URL,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    route: Reroutable | None = None,
+    retry_body_bytes: int = RETRY_BODY_BYTES,
+    response_timeout_s: float | None = None,
+    read_timeout_s: float | None = None,
 ) -> None:
-    """Send the HTTP request of ``scope`` to ``url`` with ``client``; relay the answer."""
+    """Send the HTTP request of ``scope`` to ``url`` with ``client``; relay the answer.
+
+    ``route``, the router's handle on this request, allows the one retry described in the
+    module docstring for a body of at most ``retry_body_bytes``. The timeouts are seconds,
+    None for no limit.
+    """
     inbound = _Inbound(receive)
     try:
-        content = await inbound.content()
+        content = await inbound.content(hold_up_to=retry_body_bytes if route is not None else 0)
     except Disconnected:
         return
-    request = httpx.Request(
-        scope["method"],
-        url,
-        headers=to_upstream(scope["headers"]),
-        content=content,
-        # a Request built by hand gets no timeouts unless it carries the client's
-        extensions={"timeout": client.timeout.as_dict()},
-    )
-    relay = asyncio.ensure_future(_relay(client, request, _ClientSend(send)))
+    # only a body held whole, within the bound, can be sent a second time
+    if isinstance(content, _Inbound) or len(content or b"") > retry_body_bytes:
+        route = None
+    upstream = _Upstream(client, scope, content, response_timeout_s)
+    relay = asyncio.ensure_future(_relay(upstream, url, route, _ClientSend(send), read_timeout_s))
     watch = asyncio.ensure_future(inbound.disconnected())
     try:
         await asyncio.wait((relay, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -71,36 +109,46 @@ async def forward(
 class _Inbound:
     """The client's side of an exchange: its body for httpx, then its disconnect.
 
-    ``receive`` is read by one party at a time: by httpx while it sends the body, then by
-    ``disconnected()``, which waits for the body to be fully relayed before it reads.
+    ``receive`` is read by one party at a time: by ``content()``, then by httpx while it
+    sends the rest of a body not held whole, then by ``disconnected()``, which waits for
+    the body to be fully relayed before it reads.
     """
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
-        self._first = b""
+        self._held = b""
         self._body_relayed = asyncio.Event()
 
-    async def content(self) -> bytes | _Inbound | None:
+    async def content(self, *, hold_up_to: int) -> bytes | _Inbound | None:
         """The request body as httpx should send it: None when there is none, bytes when
-        it came in one message, else this object, an async iterator of its chunks.
+        it was read whole, else this object, an async iterator of its chunks.
 
-        Raises ``Disconnected`` if the client leaves before its first body message.
+        Body messages are read until the body ends (bytes) or more than ``hold_up_to``
+        bytes have come in (the iterator, starting with those). With 0, a body that comes
+        in one message is read whole, any other is streamed from its first message on.
+        Raises ``Disconnected`` if the client leaves before its body was read that far.
         """
-        message = await self._next()
-        body: bytes = message.get("body", b"")
-        if not message.get("more_body", False):
-            self._body_relayed.set()
-            return body or None
-        self._first = body
-        return self
+        held: list[bytes] = []
+        size = 0
+        while True:
+            message = await self._next()
+            body: bytes = message.get("body", b"")
+            held.append(body)
+            size += len(body)
+            if not message.get("more_body", False):
+                self._body_relayed.set()
+                return b"".join(held) or None
+            if size > hold_up_to:
+                self._held = b"".join(held)
+                return self
 
     def __aiter__(self) -> _Inbound:
         return self
 
     async def __anext__(self) -> bytes:
-        first, self._first = self._first, b""
-        if first:
-            return first
+        held, self._held = self._held, b""
+        if held:
+            return held
         while not self._body_relayed.is_set():
             message = await self._next()
             if not message.get("more_body", False):
@@ -143,35 +191,167 @@ class _ClientSend:
             raise Disconnected() from exc
 
 
-async def _relay(client: httpx.AsyncClient, request: httpx.Request, send: Send) -> None:
-    try:
-        response = await client.send(request, stream=True)
-    except httpx.TransportError as exc:
-        await _answer_failure(send, request.url, exc)
-        return
-    try:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status_code,
-                "headers": to_client(response.headers.raw),
-            }
+class _Upstream:
+    """The client's request as upstreams get it: the same method, path, query, headers and
+    body, to whichever upstream it is sent."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        scope: Scope,
+        content: bytes | _Inbound | None,
+        response_timeout_s: float | None,
+    ) -> None:
+        self._client = client
+        self._scope = scope
+        self._method: str = scope["method"]
+        self._headers = to_upstream(scope["headers"])
+        self._content = content
+        self._response_timeout_s = response_timeout_s
+
+    def url_on(self, base: httpx.URL) -> httpx.URL:
+        """Where the request goes on the upstream at ``base``."""
+        return target_url(base, self._scope)
+
+    async def send_to(self, url: httpx.URL) -> httpx.Response | httpx.TransportError:
+        """The response from ``url``, its body still to be read, or the failure that came
+        instead; no response headers within the response timeout is ``httpx.ReadTimeout``
+        (the client itself has no read timeout)."""
+        request = httpx.Request(
+            self._method,
+            url,
+            headers=self._headers,
+            content=self._content,
+            # a Request built by hand gets no timeouts unless it carries the client's
+            extensions={"timeout": self._client.timeout.as_dict()},
         )
-        # raw: the bytes as the upstream encoded them, matching its Content-Length and
-        # Content-Encoding, which are forwarded unchanged
-        async for chunk in response.aiter_raw():
-            if chunk:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except httpx.TransportError as exc:
-        log.warning(
-            "upstream %s failed mid-response, the client's response was cut short: %s",
-            _origin(request.url),
-            _describe(exc),
-        )
-        return  # without the final message: the server closes the connection
+        deadline = asyncio.timeout(None)
+        if self._response_timeout_s is not None:
+            request.extensions["trace"] = _start_when_written(deadline, self._response_timeout_s)
+        try:
+            async with deadline:
+                return await self._client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            return exc
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            return httpx.ReadTimeout(
+                f"no response headers within {self._response_timeout_s} s of sending the request",
+                request=request,
+            )
+
+
+def _start_when_written(
+    deadline: asyncio.Timeout, seconds: float
+) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """An httpcore ``trace`` callback (httpx's documented ``trace`` request extension)
+    that sets ``deadline`` ``seconds`` ahead once the request is written and the wait for
+    the response headers begins."""
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event.endswith(".receive_response_headers.started"):
+            deadline.reschedule(asyncio.get_running_loop().time() + seconds)
+
+    return trace
+
+
+async def _relay(
+    upstream: _Upstream,
+    url: httpx.URL,
+    route: Reroutable | None,
+    send: Send,
+    read_timeout_s: float | None,
+) -> None:
+    outcome = await upstream.send_to(url)
+    try:
+        if route is not None and _worth_retrying(outcome):
+            # a 5xx is kept open until the route has answered: with nowhere else to go,
+            # the client gets the upstream's own answer
+            retry_url = _next_upstream(route, upstream, url, outcome)
+            if retry_url is not None:
+                await _discard(outcome)
+                url = retry_url
+                outcome = await upstream.send_to(url)
+        if isinstance(outcome, httpx.Response):
+            await _stream_back(outcome, send, read_timeout_s)
+        else:
+            await _answer_failure(send, url, outcome)
     finally:
-        await response.aclose()
+        await _discard(outcome)
+
+
+def _worth_retrying(outcome: httpx.Response | httpx.TransportError) -> bool:
+    if isinstance(outcome, httpx.Response):
+        return outcome.status_code >= 500
+    return isinstance(outcome, _WORTH_RETRYING)
+
+
+def _next_upstream(
+    route: Reroutable,
+    upstream: _Upstream,
+    failed: httpx.URL,
+    outcome: httpx.Response | httpx.TransportError,
+) -> httpx.URL | None:
+    """Where to send the request again, after asking ``route`` to give up ``failed``;
+    None when there is nowhere else."""
+    chosen = route.reroute()
+    if chosen is None:
+        return None
+    what = (
+        f"answered {outcome.status_code}"
+        if isinstance(outcome, httpx.Response)
+        else f"failed before answering ({_describe(outcome)})"
+    )
+    try:
+        base = parse_upstream(chosen, "the upstream returned by route.reroute()")
+    except ConfigError as exc:
+        log.error("upstream %s %s; cannot retry elsewhere: %s", _origin(failed), what, exc)
+        return None
+    url = upstream.url_on(base)
+    log.warning("upstream %s %s; retrying on %s", _origin(failed), what, _origin(url))
+    return url
+
+
+async def _discard(outcome: httpx.Response | httpx.TransportError) -> None:
+    if isinstance(outcome, httpx.Response):
+        await outcome.aclose()
+
+
+async def _stream_back(response: httpx.Response, send: Send, read_timeout_s: float | None) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": to_client(response.headers.raw),
+        }
+    )
+    # raw: the bytes as the upstream encoded them, matching its Content-Length and
+    # Content-Encoding, which are forwarded unchanged
+    chunks = response.aiter_raw()
+    while True:
+        try:
+            async with asyncio.timeout(read_timeout_s):
+                chunk = await anext(chunks, None)
+        except httpx.TransportError as exc:
+            _log_cut_short(response, _describe(exc))
+            return  # without the final message: the server closes the connection
+        except TimeoutError:
+            _log_cut_short(response, f"sent nothing for {read_timeout_s} s")
+            return
+        if chunk is None:
+            break
+        if chunk:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _log_cut_short(response: httpx.Response, why: str) -> None:
+    log.warning(
+        "upstream %s %s mid-response; the client's response was cut short",
+        _origin(response.request.url),
+        why,
+    )
 
 
 async def _answer_failure(send: Send, url: httpx.URL, exc: httpx.TransportError) -> None:
@@ -181,6 +361,9 @@ async def _answer_failure(send: Send, url: httpx.URL, exc: httpx.TransportError)
     elif isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         status, code = 502, "upstream_unreachable"
         message = "the upstream inference server could not be reached; retry later"
+    elif isinstance(exc, httpx.ReadTimeout):
+        status, code = 504, "upstream_timeout"
+        message = "the upstream inference server did not start answering in time; retry later"
     else:
         status, code = 502, "upstream_failed"
         message = "the upstream inference server failed before answering; retry later"

@@ -1,15 +1,17 @@
-"""Which upstream a request goes to, and the URL it is sent to there.
+"""Which upstream a request goes to, the URL it is sent to there, and the router's handle.
 
 The choice is one small function of the ASGI scope (``UpstreamChoice``), so that a router
 can replace it without touching the forwarding code. The default reads what the gateway's
-router left in ``scope["state"]["obleth"]["upstream"]`` and falls back to the configured
-upstream.
+router left in ``scope["state"]["obleth"]``: ``["upstream"]``, the base URL it chose, and
+``["route"]``, a ``Reroutable`` the proxy asks for the next-best upstream when the chosen
+one fails before answering.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote
 
 import httpx
@@ -17,24 +19,60 @@ import httpx
 from gateway.errors import ConfigError
 from gateway.types import Scope
 
-UpstreamChoice = Callable[[Scope], str]
-"""Returns the base URL of the upstream for one request. Called once per request, on the
-request path: it must answer from memory, without I/O."""
+UpstreamChoice = Callable[[Scope], str | None]
+"""Returns the base URL of the upstream for one request, or None when there is none (the
+proxy then answers 503 ``no_upstream``). Called once per request, on the request path: it
+must answer from memory, without I/O."""
 
 ROUTED_UPSTREAM_KEY = "upstream"
 """Key under ``scope["state"]["obleth"]`` where a router puts its choice."""
 
+ROUTE_KEY = "route"
+"""Key under ``scope["state"]["obleth"]`` where a router puts its ``Reroutable``."""
+
+
+@runtime_checkable
+class Reroutable(Protocol):
+    """The router's decision for one request, as the proxy needs it.
+
+    The proxy calls ``reroute()`` at most once per request, on the event loop serving it,
+    and only before anything of the response reached the client. Both members answer from
+    memory, without I/O.
+    """
+
+    @property
+    def upstream(self) -> str:
+        """The base URL currently chosen for the request."""
+        ...
+
+    def reroute(self) -> str | None:
+        """Give up the current upstream (the router counts the request as finished there)
+        and switch to the next-best one; return its base URL, or None when there is no
+        other. After a switch, ``upstream`` is the new base URL."""
+        ...
+
 
 def routed_upstream(scope: Scope) -> str | None:
     """The upstream a router chose for this request, or None when no router chose one."""
+    chosen = _routed(scope, ROUTED_UPSTREAM_KEY)
+    return chosen if isinstance(chosen, str) and chosen else None
+
+
+def route_of(scope: Scope) -> Reroutable | None:
+    """The router's ``Reroutable`` for this request, or None when there is none (no router,
+    or something in its place that does not have ``upstream`` and ``reroute``)."""
+    route = _routed(scope, ROUTE_KEY)
+    return route if isinstance(route, Reroutable) else None
+
+
+def _routed(scope: Scope, key: str) -> Any:
     state = scope.get("state")
     if not isinstance(state, Mapping):
         return None
     obleth = state.get("obleth")
     if not isinstance(obleth, Mapping):
         return None
-    chosen = obleth.get(ROUTED_UPSTREAM_KEY)
-    return chosen if isinstance(chosen, str) and chosen else None
+    return obleth.get(key)
 
 
 @functools.lru_cache(maxsize=256)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,9 +13,18 @@ import httpx
 import pytest
 
 from gateway.loopback import serve_in_task, serve_in_thread
-from gateway.proxy import proxy_to
+from gateway.proxy import ProxyApp, proxy_to
 from gateway.sim import SimConfig, create_app
 from gateway.types import ASGIApp, Message, Receive, Scope, Send
+from tests.proxy.upstreams import (
+    FakeRoute,
+    Gated,
+    breaks_after_first_chunk,
+    eventually,
+    routed,
+    unused_port,
+    within,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -116,14 +124,6 @@ async def wait_for(
 
 def new_id() -> dict[str, str]:
     return {TEST_ID: uuid.uuid4().hex}
-
-
-def unused_port() -> int:
-    """A port nothing listens on: bound by the kernel, then released."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def test_a_completion_comes_back_byte_for_byte_as_the_upstream_sent_it(
@@ -339,17 +339,8 @@ async def test_an_upstream_failing_mid_stream_cuts_the_response_short(
     http: httpx.AsyncClient,
 ) -> None:
     """The status is already sent, so the client sees a truncated body, not a clean end."""
-
-    async def breaks_mid_stream(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        headers = [(b"content-type", b"text/event-stream")]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
-        # returning unfinished makes uvicorn close the connection mid-body
-
     async with (
-        serve_in_task(breaks_mid_stream, lifespan="off") as broken,
+        serve_in_task(breaks_after_first_chunk, lifespan="off") as broken,
         serve_in_task(proxy_to(broken.url)) as server,
     ):
         received: list[bytes] = []
@@ -363,3 +354,56 @@ async def test_an_upstream_failing_mid_stream_cuts_the_response_short(
             with pytest.raises(httpx.RemoteProtocolError, match="incomplete"):
                 await read_to_the_end()
     assert b"".join(received) == b"data: 1\n\n"
+
+
+@pytest.mark.parametrize("by", ["configured", "routed"])
+async def test_the_first_event_reaches_the_client_before_the_upstream_produced_the_last(
+    by: str,
+) -> None:
+    """Events are relayed as they come, with or without a route (and its retry buffering)."""
+    gated = Gated()
+    async with serve_in_task(gated, lifespan="off") as upstream:
+        proxy = (
+            proxy_to(upstream.url)
+            if by == "configured"
+            else routed(ProxyApp(), FakeRoute(upstream.url))
+        )
+        async with (
+            serve_in_task(proxy) as server,
+            httpx.AsyncClient(trust_env=False, timeout=10.0) as client,
+            client.stream(
+                "POST", f"{server.url}/v1/completions", json={"stream": True}
+            ) as response,
+        ):
+            assert response.status_code == 200
+            chunks = response.aiter_raw()
+            first = await within(anext(chunks), "the first event through the proxy")
+            assert first == b"data: 1\n\n"
+            assert not gated.sent_last
+            gated.release.set()
+            rest = await within(_join(chunks), "the rest of the stream")
+    assert first + rest == Gated.EVENTS
+
+
+async def _join(chunks: AsyncIterator[bytes]) -> bytes:
+    return b"".join([chunk async for chunk in chunks])
+
+
+async def test_a_routed_client_leaving_mid_stream_ends_the_generation_upstream() -> None:
+    """With a route (body held for a retry), a disconnect still reaches the upstream: the
+    simulator's ground-truth concurrency drops back to 0."""
+    sim = create_app(CONFIG)
+    body = {"prompt": "Never stop.", "max_tokens": LONG, "stream": True}
+    async with (
+        serve_in_task(sim) as upstream,
+        serve_in_task(routed(ProxyApp(), FakeRoute(upstream.url))) as server,
+        httpx.AsyncClient(trust_env=False, timeout=10.0) as client,
+    ):
+        async with client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            await within(anext(response.aiter_raw()), "the first token")
+            assert sim.state.stats.concurrency == 1
+        # leaving the block closed the connection with the stream unfinished
+
+        await eventually(lambda: sim.state.stats.concurrency == 0, "the upstream saw the leave")
+        assert sim.state.stats.snapshot().disconnected == 1

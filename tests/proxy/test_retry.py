@@ -1,0 +1,208 @@
+"""One retry on the next-best upstream, before the first byte, through real servers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from gateway.loopback import serve_in_task
+from gateway.proxy import ProxyApp
+from gateway.sim import SimConfig, create_app
+from tests.proxy.upstreams import (
+    Answering,
+    FakeRoute,
+    breaks_after_first_chunk,
+    closed_upstream,
+    read_cut_short,
+    routed,
+)
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = SimConfig(step_s=0.001, step_s_per_seq=0.0, prefill_s_per_token=0.0)
+COMPLETION = {"prompt": "Say something short.", "max_tokens": 3}
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
+        yield client
+
+
+async def test_a_refused_connection_is_retried_on_the_next_best_upstream(
+    http: httpx.AsyncClient,
+) -> None:
+    """Nothing listens on the first upstream: the second one answers, after one reroute."""
+    sim = create_app(CONFIG)
+    async with serve_in_task(sim) as healthy:
+        route = FakeRoute(closed_upstream(), healthy.url)
+        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
+            response = await http.post(f"{proxy.url}/v1/completions", json=COMPLETION)
+
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] == 3
+    assert route.reroutes == 1
+    assert sim.state.stats.snapshot().completed == 1
+
+
+async def test_a_5xx_before_the_first_byte_is_retried_with_the_same_request(
+    http: httpx.AsyncClient,
+) -> None:
+    """The next upstream gets the method, path, query, headers and body the first one got."""
+    failing, healthy = Answering("first", 500), Answering("second", 200)
+    async with (
+        serve_in_task(failing, lifespan="off") as first,
+        serve_in_task(healthy, lifespan="off") as second,
+    ):
+        route = FakeRoute(first.url, second.url)
+        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
+            response = await http.post(
+                f"{proxy.url}/v1/completions?api-version=1&x=a%2Fb",
+                json=COMPLETION,
+                headers={"authorization": "Bearer sk-test", "x-tenant": "gold"},
+            )
+
+    assert response.status_code == 200
+    assert response.json() == {"upstream": "second", "status": 200}
+    assert route.reroutes == 1
+    [tried], [retried] = failing.received, healthy.received
+    assert retried.method == tried.method == "POST"
+    assert retried.raw_path == tried.raw_path == b"/v1/completions"
+    assert retried.query_string == tried.query_string == b"api-version=1&x=a%2Fb"
+    assert retried.body == tried.body and b"Say something short." in tried.body
+    assert [h for h in retried.headers if h[0] != b"host"] == [
+        h for h in tried.headers if h[0] != b"host"
+    ]
+    assert (b"authorization", b"Bearer sk-test") in retried.headers
+
+
+async def test_when_the_next_upstream_fails_too_its_5xx_is_relayed_without_a_second_retry(
+    http: httpx.AsyncClient,
+) -> None:
+    """One retry only: a third upstream, healthy, is never tried."""
+    sim = create_app(CONFIG)
+    first, second = Answering("first", 500), Answering("second", 503)
+    async with (
+        serve_in_task(first, lifespan="off") as a,
+        serve_in_task(second, lifespan="off") as b,
+        serve_in_task(sim) as c,
+    ):
+        route = FakeRoute(a.url, b.url, c.url)
+        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
+            response = await http.post(f"{proxy.url}/v1/completions", json=COMPLETION)
+
+    assert response.status_code == 503
+    assert response.json() == {"upstream": "second", "status": 503}
+    assert route.reroutes == 1
+    assert (len(first.received), len(second.received)) == (1, 1)
+    assert sim.state.stats.snapshot().requests == 0
+
+
+async def test_when_the_next_upstream_is_unreachable_too_the_client_gets_a_502(
+    http: httpx.AsyncClient,
+) -> None:
+    """Two refused connections: one retry, then the JSON error, and a third is not tried."""
+    sim = create_app(CONFIG)
+    async with serve_in_task(sim) as third:
+        route = FakeRoute(closed_upstream(), closed_upstream(), third.url)
+        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
+            response = await http.post(f"{proxy.url}/v1/completions", json=COMPLETION)
+
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_unreachable"
+    assert route.reroutes == 1
+    assert sim.state.stats.snapshot().requests == 0
+
+
+async def test_with_no_other_upstream_the_5xx_is_relayed_as_the_upstream_sent_it(
+    http: httpx.AsyncClient,
+) -> None:
+    """The route has nobody to retry on: the client gets the upstream's own answer."""
+    only = Answering("only", 500)
+    async with serve_in_task(only, lifespan="off") as upstream:
+        route = FakeRoute(upstream.url)
+        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
+            response = await http.post(f"{proxy.url}/v1/completions", json=COMPLETION)
+
+    assert response.status_code == 500
+    assert response.json() == {"upstream": "only", "status": 500}
+    assert route.reroutes == 1
+    assert len(only.received) == 1
+
+
+async def test_with_no_other_upstream_a_refused_connection_is_answered_502(
+    http: httpx.AsyncClient,
+) -> None:
+    """The route has nobody to retry on: the usual JSON error, not a hang or a traceback."""
+    route = FakeRoute(closed_upstream())
+    async with serve_in_task(routed(ProxyApp(), route)) as proxy:
+        response = await http.post(f"{proxy.url}/v1/completions", json=COMPLETION)
+
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_unreachable"
+    assert route.reroutes == 1
+
+
+@pytest.mark.parametrize(("size", "retried"), [(64, True), (65, False)], ids=["at", "over"])
+async def test_only_a_body_within_retry_body_bytes_is_sent_again(
+    http: httpx.AsyncClient, size: int, retried: bool
+) -> None:
+    """A body over the bound goes upstream as it comes, whole, and its 5xx is relayed."""
+    body = b"0123456789abcdef" * 5
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for start in range(0, size, 16):
+            yield body[start : min(start + 16, size)]
+
+    failing, healthy = Answering("first", 500), Answering("second", 200)
+    async with (
+        serve_in_task(failing, lifespan="off") as first,
+        serve_in_task(healthy, lifespan="off") as second,
+    ):
+        route = FakeRoute(first.url, second.url)
+        async with serve_in_task(routed(ProxyApp(retry_body_bytes=64), route)) as proxy:
+            response = await http.post(f"{proxy.url}/v1/completions", content=pieces())
+
+    assert response.status_code == (200 if retried else 500)
+    assert route.reroutes == (1 if retried else 0)
+    assert [r.body for r in failing.received] == [body[:size]]
+    assert [r.body for r in healthy.received] == ([body[:size]] if retried else [])
+
+
+async def test_nothing_is_retried_once_the_response_has_started(
+    http: httpx.AsyncClient,
+) -> None:
+    """Headers and a first event reached the client: a broken stream stays broken."""
+    sim = create_app(CONFIG)
+    async with (
+        serve_in_task(breaks_after_first_chunk, lifespan="off") as broken,
+        serve_in_task(sim) as healthy,
+    ):
+        route = FakeRoute(broken.url, healthy.url)
+        async with (
+            serve_in_task(routed(ProxyApp(), route)) as proxy,
+            http.stream("POST", f"{proxy.url}/v1/completions", json=COMPLETION) as response,
+        ):
+            assert response.status_code == 200
+            assert await read_cut_short(response) == b"data: 1\n\n"
+
+    assert route.reroutes == 0
+    assert sim.state.stats.snapshot().requests == 0
+
+
+async def test_a_route_without_an_upstream_key_is_followed_by_its_own_upstream(
+    http: httpx.AsyncClient,
+) -> None:
+    """``scope["state"]["obleth"]["route"]`` alone routes a request of an app with no
+    configured upstream."""
+    sim = create_app(CONFIG)
+    async with serve_in_task(sim) as upstream:
+        route = FakeRoute(upstream.url)
+        async with serve_in_task(routed(ProxyApp(), route, with_upstream_key=False)) as proxy:
+            response = await http.post(f"{proxy.url}/v1/completions", json=COMPLETION)
+
+    assert response.status_code == 200
+    assert route.reroutes == 0
+    assert sim.state.stats.snapshot().completed == 1
