@@ -15,7 +15,7 @@ Every request streams; TTFT is the time to its first token.
 
 The timing model of the backends (``SIM``) stands for a GPU server where prefill is
 expensive: a 2 000-token prompt that misses the prefix cache costs 0.2 s of prefill, which
-stalls the whole batch for that step. Each backend's prefix cache holds about five of the
+stalls the whole batch for that step. Each backend's prefix cache holds about six of the
 sixteen system prompts, so a router that scatters them thrashes every cache.
 
 "About 80 % of the fleet's capacity": ``capacity()`` computes the request rate the fleet
@@ -61,7 +61,7 @@ SIM = {
     "prefill_ms_per_token": 0.1,
     "block_size_tokens": 16,
     "chars_per_token": 4,
-    "prefix_cache_blocks": 600,
+    "prefix_cache_blocks": 800,
 }
 MAX_TOKENS = 16
 SYSTEM_PROMPTS = 16
