@@ -185,8 +185,7 @@ class GatewayMiddleware:
         obleth["route"] = decision
         if self._plugins.observes_routing:
             self._plugins.routed(_info(permit.ticket, scope), decision.upstream, decision.scores)
-        if self._upstream_header:
-            send = _naming_upstream(send, decision)
+        send = _ending_at_last_byte(send, decision, permit, self._upstream_header)
         try:
             if self._observes:
                 await self._run_observed(scope, receive, send, body, permit)
@@ -223,17 +222,28 @@ class GatewayMiddleware:
         return self._router.route(request)
 
 
-def _naming_upstream(send: Send, decision: Decision) -> Send:
-    """``send`` adding ``x-obleth-upstream`` (the upstream that answered) to the response."""
+def _ending_at_last_byte(send: Send, decision: Decision, permit: Permit, name: bool) -> Send:
+    """``send`` that finishes the routing decision and releases the seats as soon as the
+    response's last byte is handed to the server, and (with ``name``) adds
+    ``x-obleth-upstream``.
 
-    async def send_naming_upstream(message: Message) -> None:
-        if message["type"] == "http.response.start":
+    An app such as the proxy may take a few more event-loop turns to return after that;
+    a client sending its next request at once must not find its own seat still taken.
+    The ``finally`` around the app stays as the backstop: both calls count once.
+    """
+
+    async def send_and_end(message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start" and name:
             headers = list(message.get("headers", []))
             headers.append((b"x-obleth-upstream", decision.upstream.encode("latin-1")))
             message = {**message, "headers": headers}
         await send(message)
+        if kind == "http.response.body" and not message.get("more_body", False):
+            decision.finish()
+            permit.release()
 
-    return send_naming_upstream
+    return send_and_end
 
 
 def _info(ticket: Ticket, scope: Scope) -> RequestInfo:

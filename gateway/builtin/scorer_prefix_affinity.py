@@ -10,9 +10,6 @@ from gateway.protocols import Factory
 from gateway.routing.request import RouteRequest
 from gateway.settings import Settings
 
-PLACEMENT_BOUND = 1.25
-"""A new prefix skips an upstream holding more than this multiple of the average blocks."""
-
 
 class PrefixAffinity:
     """Score = consecutive leading blocks of the prompt this pod recently sent to the
@@ -22,9 +19,7 @@ class PrefixAffinity:
     upstream, updated when a request is dispatched (``dispatched``). A prompt whose first
     block no candidate holds is new: it scores 1 on the upstream that rendezvous hashing of
     its first block assigns, so every gateway pod places a new prefix on the same upstream
-    without talking to the others; an upstream already holding more than 1.25 times the
-    average of the blocks sent is skipped for the next in rendezvous order, so that no
-    server's cache collects far more prefixes than the others'. Weigh it against a load
+    without talking to the others. Weigh it against a load
     scorer (``queue-depth``): alone it would pile a popular prefix onto one upstream.
     """
 
@@ -40,16 +35,8 @@ class PrefixAffinity:
         scores = {u: matched[u] / total for u in upstreams if u in matched}
         if scores:
             return scores
-        return {self._place(blocks[0], request, upstreams): 1.0} if upstreams else {}
-
-    def _place(self, first_block: int, request: RouteRequest, upstreams: list[str]) -> str:
-        """Where a new prefix goes: its rendezvous upstream, unless that one already holds
-        far more of what this pod sent than the others (its cache is the fullest), then the
-        next in rendezvous order. Pods that see similar traffic agree."""
-        held = {u: self.index.held(u) for u in upstreams}
-        bound = PLACEMENT_BOUND * (sum(held.values()) + 1) / len(upstreams)
-        order = request.fleet.rendezvous_order(first_block, upstreams)
-        return next((u for u in order if held[u] <= bound), order[0])
+        placed = request.fleet.rendezvous(blocks[0], upstreams)
+        return {} if placed is None else {placed: 1.0}
 
     def dispatched(self, request: RouteRequest, upstream: str) -> None:
         if request.blocks:
