@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from gateway.backends.memory import MemoryBackend
 from gateway.capacity import Capacity, ProviderFailed
@@ -22,6 +22,9 @@ from gateway.routing.readings import Readings
 from gateway.routing.router import Router, ScorerEntry
 from gateway.scheduler import Scheduler
 from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.routing.poller import Poller
 
 STALE_AFTER_INTERVALS = 3
 """A reading older than this many polling intervals counts as saturated."""
@@ -75,7 +78,7 @@ class Gateway:
         self.scheduler = Scheduler(self.backend, self.settings)
         #: chooses an upstream per request; None when no upstreams are configured
         self.router: Router | None = self._router(urls) if urls else None
-        self._poller: Any = None
+        self._poller: Poller | None = None
         self._started = False
         self._start_lock: asyncio.Lock | None = None
 
@@ -122,6 +125,7 @@ class Gateway:
                 return
             await self.backend.start()
             if self.router is not None:
+                # httpx loads only when there are upstreams to poll
                 from gateway.routing.poller import Poller
 
                 self._poller = Poller(

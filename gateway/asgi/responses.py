@@ -19,6 +19,16 @@ _ERROR_TYPES = {
 }
 
 
+async def send_json(
+    send: Send, status: int, payload: object, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """A complete JSON response: ``payload`` encoded, with its length."""
+    body = json.dumps(payload).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": head + (headers or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
 async def send_json_error(
     send: Send,
     status: int,
@@ -28,24 +38,16 @@ async def send_json_error(
     param: str | None = None,
     retry_after_s: float | None = None,
 ) -> None:
-    body = json.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": _ERROR_TYPES.get(status, "error"),
-                "param": param,
-                "code": code,
-            }
-        }
-    ).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-    ]
+    error = {
+        "message": message,
+        "type": _ERROR_TYPES.get(status, "error"),
+        "param": param,
+        "code": code,
+    }
+    headers = []
     if retry_after_s is not None:
         headers.append((b"retry-after", str(max(1, math.ceil(retry_after_s))).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_json(send, status, {"error": error}, headers)
 
 
 async def send_rejection(send: Send, rejected: Rejected) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import uvicorn
 
+from gateway.cli.server_flags import add_server_flags
 from gateway.errors import ConfigError
 from gateway.sim import SimConfig, create_app
 
@@ -72,20 +73,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
-    parser.add_argument("--port", type=int, default=8001, help="TCP port to listen on")
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
-        help="uvicorn log level",
-    )
-    parser.add_argument(
-        "--access-log",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="log every request",
-    )
+    add_server_flags(parser, port=8001)
     for knob in _KNOBS:
         default = getattr(_DEFAULTS, knob.field)
         if knob.scale != 1.0:

@@ -4,13 +4,14 @@ streaming proxy, for users without an ASGI app of their own."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 import uvicorn
 
 from gateway.asgi.middleware import GatewayMiddleware
+from gateway.asgi.responses import send_json
+from gateway.cli.server_flags import add_server_flags
 from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
 from gateway.settings import Settings
@@ -57,8 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="an inference server's base URL, optionally URL=model|model; repeat for more "
         "(default: OBLETH_UPSTREAMS)",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    add_server_flags(parser, port=8000)
     for flag, _, kind, help_text in _FLAGS:
         parser.add_argument(flag, type=kind, default=None, help=help_text)
     parser.add_argument(
@@ -66,15 +66,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="add X-Obleth-Upstream to every response",
-    )
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
-        help="log level",
-    )
-    parser.add_argument(
-        "--access-log", action=argparse.BooleanOptionalAction, default=False, help="log requests"
     )
     parser.set_defaults(run=run)
 
@@ -140,7 +131,7 @@ class _Probes:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path") if scope["type"] == "http" else None
         if path == HEALTH_PATH:
-            await _answer(send, 200, {"status": "alive"})
+            await send_json(send, 200, {"status": "alive"})
         elif path == READY_PATH:
             readings = self.gateway.readings
             healthy = [u for u in readings if readings.get(u).healthy]
@@ -149,13 +140,6 @@ class _Probes:
             backed_up = snapshot.max_queue > 0 and snapshot.queued >= 0.8 * snapshot.max_queue
             ready = bool(healthy) and self.gateway.started and not backed_up
             payload = {"healthy_upstreams": healthy, "queued": snapshot.queued}
-            await _answer(send, 200 if ready else 503, payload)
+            await send_json(send, 200 if ready else 503, payload)
         else:
             await self.app(scope, receive, send)
-
-
-async def _answer(send: Send, status: int, payload: object) -> None:
-    body = json.dumps(payload).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

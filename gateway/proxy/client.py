@@ -6,7 +6,7 @@ import httpx
 
 # Below uvicorn's default keep-alive timeout (5 s): a pooled connection is dropped by us
 # before the upstream closes it, so a request is never written into a closing socket.
-_KEEPALIVE_EXPIRY_S = 4.0
+KEEPALIVE_EXPIRY_S = 4.0
 
 
 def upstream_client(*, connect_timeout_s: float, max_connections: int) -> httpx.AsyncClient:
@@ -28,7 +28,7 @@ def upstream_client(*, connect_timeout_s: float, max_connections: int) -> httpx.
         limits=httpx.Limits(
             max_connections=max_connections,
             max_keepalive_connections=max_connections,
-            keepalive_expiry=_KEEPALIVE_EXPIRY_S,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
         ),
         timeout=httpx.Timeout(
             connect=connect_timeout_s, read=None, write=None, pool=connect_timeout_s

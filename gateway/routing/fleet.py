@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 from gateway.core import rendezvous
 from gateway.routing.inflight import InFlight
@@ -32,8 +32,3 @@ class Fleet:
         """The candidate rendezvous hashing assigns ``key`` to: the same on every pod."""
         salts = self._salts
         return rendezvous.pick(key, ((u, salts[u]) for u in candidates))
-
-    def rendezvous_order(self, key: int, candidates: Sequence[str]) -> list[str]:
-        """``candidates`` in rendezvous order for ``key``, the assigned one first."""
-        salts = self._salts
-        return sorted(candidates, key=lambda u: -rendezvous.weight(key, salts[u]))

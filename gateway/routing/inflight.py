@@ -21,7 +21,6 @@ class InFlight:
 
     def __init__(self, upstreams: Iterable[str]) -> None:
         self._local: dict[str, int] = dict.fromkeys(upstreams, 0)
-        self._others: dict[str, int] = {}
         # kept equal to local + others at every change, so reading a count is one lookup
         self._totals: dict[str, int] = dict(self._local)
         self.count: Callable[[str], int] = self._totals.__getitem__
@@ -44,15 +43,10 @@ class InFlight:
         """This pod's own counts (a live view)."""
         return self._local
 
-    def others(self) -> Mapping[str, int]:
-        """The other pods' counts as last synchronised (empty outside cluster mode)."""
-        return self._others
-
     def set_others(self, counts: Mapping[str, int]) -> None:
         """Replace the other pods' counts (the cluster synchroniser's job)."""
-        self._others = {u: n for u, n in counts.items() if u in self._local and n > 0}
         for upstream, local in self._local.items():
-            self._totals[upstream] = local + self._others.get(upstream, 0)
+            self._totals[upstream] = local + max(0, counts.get(upstream, 0))
 
     async def start(self) -> None:
         """Nothing to start in one process; the cluster version synchronises through Redis."""

@@ -10,6 +10,8 @@ from dataclasses import replace
 
 import httpx
 
+from gateway.proxy.client import KEEPALIVE_EXPIRY_S
+from gateway.proxy.upstream import parse_upstream
 from gateway.routing.metricnames import reading_from_text
 from gateway.routing.readings import Readings
 
@@ -18,9 +20,6 @@ log = logging.getLogger("obleth.routing")
 # An engine's /metrics with every histogram is some hundreds of KB; far more is not a
 # metrics page, and reading it all would cost the gateway memory each round.
 _MAX_BODY_BYTES = 8 * 1024 * 1024
-# Below uvicorn's default keep-alive timeout (5 s), as in gateway.proxy.client: we drop a
-# pooled connection before the upstream closes it, never writing into a closing socket.
-_KEEPALIVE_EXPIRY_S = 4.0
 
 
 class _Unanswered(Exception):
@@ -83,7 +82,7 @@ class Poller:
             for upstream in readings
         }
         for upstream in self._urls:
-            _check_url(upstream)
+            parse_upstream(upstream)
         self._owns_client = client is None
         self._client = client if client is not None else _own_client(len(readings), timeout_s)
         self._failures = dict.fromkeys(self._urls, 0)
@@ -234,15 +233,6 @@ def _join(base: str, path: str) -> str:
     return base.rstrip("/") + "/" + path.lstrip("/")
 
 
-def _check_url(upstream: str) -> None:
-    try:
-        scheme = httpx.URL(upstream).scheme
-    except httpx.InvalidURL as exc:
-        raise ValueError(f"upstream {upstream!r} is not a URL: {exc}") from None
-    if scheme not in ("http", "https"):
-        raise ValueError(f"upstream {upstream!r}: the poller speaks http:// and https:// only")
-
-
 def _own_client(upstreams: int, timeout_s: float) -> httpx.AsyncClient:
     # Two requests per upstream per round, and rounds never overlap: with that many
     # connections no request waits for the pool behind a hanging upstream's.
@@ -251,7 +241,7 @@ def _own_client(upstreams: int, timeout_s: float) -> httpx.AsyncClient:
         limits=httpx.Limits(
             max_connections=connections,
             max_keepalive_connections=connections,
-            keepalive_expiry=_KEEPALIVE_EXPIRY_S,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
         ),
         timeout=timeout_s,
         trust_env=False,

@@ -25,12 +25,6 @@ CONFIG = SimConfig(step_s=0.001, step_s_per_seq=0.0, prefill_s_per_token=0.0)
 COMPLETION = {"prompt": "Say something short.", "max_tokens": 3}
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
-        yield client
-
-
 async def test_a_refused_connection_is_retried_on_the_next_best_upstream(
     http: httpx.AsyncClient,
 ) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -23,12 +22,6 @@ from tests.proxy.upstreams import (
 pytestmark = pytest.mark.anyio
 
 TIMEOUT_S = 0.2
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
-        yield client
 
 
 async def test_no_response_headers_within_the_response_timeout_is_a_504(
