@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from gateway.backends.memory import MemoryBackend
 from gateway.capacity import Capacity, ProviderFailed
+from gateway.core.placement import PlacementLog
 from gateway.errors import PluginError
 from gateway.plugins import Plugins
 from gateway.protocols import CapacityProvider, CounterBackend, OverflowPolicy, Snapshot
@@ -25,9 +26,12 @@ from gateway.settings import Settings
 
 if TYPE_CHECKING:
     from gateway.routing.poller import Poller
+    from gateway.routing.sharing import SharedRouting
 
 STALE_AFTER_INTERVALS = 3
 """A reading older than this many polling intervals counts as saturated."""
+PLACEMENTS_KEPT = 8192
+"""How many placements of new prefixes the router remembers (and, with Redis, shares)."""
 
 
 class Gateway:
@@ -76,6 +80,8 @@ class Gateway:
         self.backend: CounterBackend = _backend_for(self.settings, self.capacity, self.policy)
         self.capacity.subscribe(self.backend.limit_changed)
         self.scheduler = Scheduler(self.backend, self.settings)
+        #: routing state shared with the other pods through Redis; None without Redis
+        self.sharing: SharedRouting | None = None
         #: chooses an upstream per request; None when no upstreams are configured
         self.router: Router | None = self._router(urls) if urls else None
         self._poller: Poller | None = None
@@ -95,7 +101,12 @@ class Gateway:
 
     def _router(self, urls: list[str]) -> Router:
         settings = self.settings
-        inflight = _inflight_for(settings, urls)
+        inflight = InFlight(urls)
+        placements = PlacementLog(PLACEMENTS_KEPT, shared=settings.redis_url is not None)
+        if settings.redis_url is not None:
+            from gateway.routing.sharing import SharedRouting
+
+            self.sharing = SharedRouting(settings, inflight, placements)
         scorers = []
         if settings.routing_policy == "weighted":
             for name, weight in settings.routing_scorers.items():
@@ -105,7 +116,12 @@ class Gateway:
                 scorers.append(ScorerEntry(name, plugin, scorer, weight, builtin))
         return Router(
             settings.upstreams,
-            Fleet(self.readings, inflight),
+            Fleet(
+                self.readings,
+                inflight,
+                placements,
+                placement_bound=settings.routing_placement_bound,
+            ),
             policy=settings.routing_policy,
             scorers=scorers,
             load_bound=settings.routing_load_bound,
@@ -134,7 +150,8 @@ class Gateway:
                     timeout_s=self.settings.upstream_poll_timeout_s,
                 )
                 await self._poller.start()
-                await self.router.fleet.inflight.start()
+                if self.sharing is not None:
+                    await self.sharing.start()
             for name, provider in self.providers.items():
                 start = getattr(provider, "start", None)
                 if start is not None:
@@ -163,8 +180,8 @@ class Gateway:
             if stop is not None:
                 with contextlib.suppress(Exception):
                     await stop()
-        if self.router is not None:
-            await self.router.fleet.inflight.stop()
+        if self.sharing is not None:
+            await self.sharing.stop()
         if self._poller is not None:
             await self._poller.stop()
             self._poller = None
@@ -196,12 +213,3 @@ def _backend_for(settings: Settings, capacity: Capacity, policy: OverflowPolicy)
     from gateway.backends.redis import RedisBackend  # redis-py loads only in cluster mode
 
     return RedisBackend(settings, limit=capacity.current, policy=policy)
-
-
-def _inflight_for(settings: Settings, urls: list[str]) -> InFlight:
-    """Counted in this process by default; shared by every pod through Redis in cluster mode."""
-    if settings.redis_url is None:
-        return InFlight(urls)
-    from gateway.routing.shared_inflight import SharedInFlight
-
-    return SharedInFlight(settings, urls)

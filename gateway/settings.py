@@ -105,6 +105,11 @@ class Settings:
     routing_load_slack: int = 8
     """With no queue scraped yet, the guard applies once an upstream is this many requests
     ahead of the least loaded (a burst between two scrapes cannot pile onto one)."""
+    routing_placement_bound: float = 1.25
+    """A prefix no upstream holds goes to the first upstream in its rendezvous order that is
+    not above this multiple of the average in prompt content placed and in requests in
+    flight; 0: plain rendezvous hashing. Pods agree through Redis; several pods without
+    Redis should set 0."""
     routing_seed: int | None = None
     """Seed of the random choice between upstreams that tie; unset, a random seed."""
     session_header: str = "x-session-id"
@@ -465,6 +470,17 @@ def _check_load_bound(settings: Settings, name: str, value: Any) -> float:
     return float(value)
 
 
+def _check_placement_bound(settings: Settings, name: str, value: Any) -> float:
+    valid = isinstance(value, int | float) and not isinstance(value, bool)
+    if not valid or not math.isfinite(value) or (value != 0 and value < 1):
+        raise settings.error(
+            name,
+            value,
+            "expected 0 (plain rendezvous hashing) or a finite number of at least 1, e.g. 1.25",
+        )
+    return float(value)
+
+
 def _check_seed(settings: Settings, name: str, value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise settings.error(name, value, "expected a whole number, or unset")
@@ -521,6 +537,7 @@ _SPECS: dict[str, _Spec] = {
         _spec("routing_scorers", _env_scorers, _check_scorers),
         _spec("routing_load_bound", _env_float, _check_load_bound),
         _spec("routing_load_slack", _env_int, _check_int(1)),
+        _spec("routing_placement_bound", _env_float, _check_placement_bound),
         _spec("routing_seed", _env_optional_int, _check_seed),
         _spec("session_header", _env_text, _check_required_header),
         _spec("upstream_header", _env_bool, _check_bool),

@@ -17,10 +17,10 @@ class PrefixAffinity:
 
     The memory of what went where is an LRU of ``prefix_index_blocks`` block hashes per
     upstream, updated when a request is dispatched (``dispatched``). A prompt whose first
-    block no candidate holds is new: it scores 1 on the upstream that rendezvous hashing of
-    its first block assigns, so every gateway pod places a new prefix on the same upstream
-    without talking to the others. Weigh it against a load
-    scorer (``queue-depth``): alone it would pile a popular prefix onto one upstream.
+    block no candidate holds is new: it scores 1 on the upstream ``Fleet.place`` chooses
+    (rendezvous hashing of its first block, bounded by load; where another pod placed it,
+    in cluster mode), so pods send a new prefix to the same upstream. Weigh it against a
+    load scorer (``queue-depth``): alone it would pile a popular prefix onto one upstream.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -32,15 +32,24 @@ class PrefixAffinity:
             return {}
         total = len(blocks)
         matched = self.index.matched(blocks)
+        fleet = request.fleet
+        home = fleet.placements.get(blocks[0])
+        if home is not None and home not in matched and home in upstreams:
+            # another pod placed this prefix first, while this one sent it elsewhere: from
+            # now on it goes where the others send it
+            self.index.drop(blocks[0])
+            return {home: 1.0}
         scores = {u: matched[u] / total for u in upstreams if u in matched}
         if scores:
             return scores
-        placed = request.fleet.rendezvous(blocks[0], upstreams)
+        placed = fleet.place(blocks[0], upstreams)
         return {} if placed is None else {placed: 1.0}
 
     def dispatched(self, request: RouteRequest, upstream: str) -> None:
-        if request.blocks:
-            self.index.record(upstream, request.blocks)
+        blocks = request.blocks
+        if blocks:
+            self.index.record(upstream, blocks)
+            request.fleet.placed(blocks[0], upstream, len(blocks))
 
 
 @hookimpl(trylast=True)

@@ -87,6 +87,11 @@ class PrefixIndex:
         lru = self._lru.get(upstream)
         return 0 if lru is None else len(lru)
 
+    def drop(self, block: int) -> None:
+        """Forget ``block`` on every upstream, so a prompt starting with it matches none."""
+        for upstream in self._holders.pop(block, ()):
+            del self._lru[upstream][block]
+
     def forget(self, upstream: Hashable) -> None:
         """Drop everything recorded for ``upstream``."""
         lru = self._lru.pop(upstream, None)

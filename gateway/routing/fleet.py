@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
-from gateway.core import rendezvous
+from gateway.core import placement, rendezvous
+from gateway.core.placement import PlacementLog
 from gateway.routing.inflight import InFlight
 from gateway.routing.readings import Reading, Readings
 
 
 class Fleet:
-    """Readings, our in-flight counts and rendezvous hashing, for scorers.
+    """Readings, our in-flight counts, rendezvous hashing and prefix placement, for scorers.
 
     Scorers get it as ``request.fleet``. Everything answers from memory at once.
     """
 
-    __slots__ = ("_salts", "in_flight", "inflight", "reading", "readings")
+    __slots__ = ("_salts", "in_flight", "inflight", "placement_bound", "placements", "reading",
+                 "readings")  # fmt: skip
 
-    def __init__(self, readings: Readings, inflight: InFlight) -> None:
+    def __init__(
+        self,
+        readings: Readings,
+        inflight: InFlight,
+        placements: PlacementLog | None = None,
+        *,
+        placement_bound: float = 0.0,
+    ) -> None:
         self.readings = readings
         self.inflight = inflight
+        self.placements = placements if placements is not None else PlacementLog(1)
+        """Where new prefixes went (every pod's, in cluster mode)."""
+        self.placement_bound = placement_bound
         self._salts = {url: rendezvous.stable_hash(url) for url in readings}
         # bound lookups rather than methods: scorers call them for every upstream
         self.reading: Callable[[str], Reading] = readings.get
@@ -32,3 +44,29 @@ class Fleet:
         """The candidate rendezvous hashing assigns ``key`` to: the same on every pod."""
         salts = self._salts
         return rendezvous.pick(key, ((u, salts[u]) for u in candidates))
+
+    def place(self, key: int, candidates: Collection[str]) -> str | None:
+        """The candidate for a prefix that no candidate holds, ``key`` its first block.
+
+        Where it was placed before, by this pod or (in cluster mode) any other, when that
+        upstream is a candidate; otherwise the first candidate in the rendezvous order of
+        ``key`` that is not ahead of the others by more than ``routing_placement_bound``
+        in prompt content placed on it and in requests in flight (see
+        ``gateway.core.placement``). With the bound at 0, plain rendezvous hashing.
+        """
+        known = self.placements.get(key)
+        if known is not None and known in candidates:
+            return known
+        salts = self._salts
+        return placement.place(
+            key,
+            [(u, salts[u]) for u in candidates],
+            bound=self.placement_bound,
+            blocks=self.placements.blocks,
+            in_flight=self.in_flight,
+        )
+
+    def placed(self, key: int, upstream: str, blocks: int) -> None:
+        """A request whose prompt starts with block ``key`` (``blocks`` long) was sent to
+        ``upstream``; the first such call for a key is its placement."""
+        self.placements.record(key, upstream, blocks)

@@ -14,7 +14,7 @@ class InFlight:
     """Requests this gateway has sent to each upstream and not finished.
 
     ``count(u)`` is what routing decisions read: this pod's own count, plus (in cluster
-    mode, see ``gateway.routing.shared_inflight``) the other pods' as last synchronised.
+    mode, see ``gateway.routing.sharing``) the other pods' as last synchronised.
     ``add``/``remove`` are called exactly once each per routed request (the router's
     ``Decision`` guarantees it); a count never goes below zero.
     """
@@ -47,9 +47,3 @@ class InFlight:
         """Replace the other pods' counts (the cluster synchroniser's job)."""
         for upstream, local in self._local.items():
             self._totals[upstream] = local + max(0, counts.get(upstream, 0))
-
-    async def start(self) -> None:
-        """Nothing to start in one process; the cluster version synchronises through Redis."""
-
-    async def stop(self) -> None:
-        """Nothing to stop in one process."""

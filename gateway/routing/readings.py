@@ -59,10 +59,15 @@ class Readings:
     def __init__(self, upstreams: Sequence[str], *, stale_after_s: float) -> None:
         self.stale_after_s = stale_after_s
         self._latest: dict[str, Reading] = {url: Reading(url) for url in upstreams}
+        self._queued: dict[str, float] = dict.fromkeys(upstreams, 0.0)
         self._subscribers: list[Callable[[], None]] = []
         # a bound lookup rather than a method: routing reads it for every upstream, every request
         self.get: Callable[[str], Reading] = self._latest.__getitem__
         """The latest reading of an upstream; KeyError for an unconfigured one."""
+        self.queued: Callable[[str], float] = self._queued.__getitem__
+        """Requests an upstream kept waiting across its last two scrapes (the smaller
+        ``waiting`` of the two): a queue, where one scrape alone may catch a request that
+        merely arrived between two engine steps."""
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._latest)
@@ -83,6 +88,11 @@ class Readings:
         """Record a new reading (the poller's job; tests may call it too)."""
         if reading.upstream not in self._latest:
             raise KeyError(f"{reading.upstream!r} is not a configured upstream")
+        previous = self._latest[reading.upstream]
+        waiting = reading.waiting or 0.0
+        if previous.waiting is not None and reading.waiting is not None:
+            waiting = min(waiting, previous.waiting)
+        self._queued[reading.upstream] = waiting
         self._latest[reading.upstream] = reading
 
     def subscribe(self, callback: Callable[[], None]) -> None:

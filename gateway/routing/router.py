@@ -6,8 +6,8 @@ Pipeline for every admitted request, from memory and without I/O:
    that pass their health checks (none: 503 ``no_healthy_upstream``), and, for the
    ``weighted`` policy, that are not saturated: a reading older than three polling
    intervals, or an upstream with more of ours in flight than ``routing_load_bound``
-   times the average that also queues requests or is ``routing_load_slack`` requests
-   ahead of the least loaded.
+   times the average that also kept two requests queued over its last two scrapes or is
+   ``routing_load_slack`` requests ahead of the least loaded.
    When every healthy upstream is saturated, all of them stay candidates.
 2. **policy**: ``weighted`` sums the scorers' outputs (each clamped to [0, 1], weights
    normalized to sum 1) and takes the highest; ``round-robin`` takes request n mod k;
@@ -36,6 +36,12 @@ from gateway.routing.request import RouteRequest
 from gateway.routing.upstreams import Upstream
 
 log = logging.getLogger("obleth.routing")
+
+GUARD_QUEUE = 2.0
+"""The load guard's sign of a queue: this many requests waiting in each of an upstream's
+last two scrapes. One request waiting, or one scrape, is often just a request that
+arrived between two engine steps; passing a cached prefix over for that costs a whole
+prefill elsewhere."""
 
 Scores = dict[str, dict[str, float]]
 """Per scorer (and ``total``), the score of each candidate upstream."""
@@ -212,10 +218,11 @@ class Router:
         fleet = self.fleet
         count = fleet.inflight.count
         latest = fleet.readings.get
+        queued = fleet.readings.queued
         fresh_since = time.monotonic() - fleet.readings.stale_after_s
         # The load guard, on our own counts (they are current; scrapes lag): an upstream
         # with more than load_bound times the average of ours in flight is passed over
-        # when it also queues requests (as last scraped) or is load_slack requests ahead of
+        # when it also keeps requests queued (two scrapes in a row) or is load_slack ahead of
         # the least loaded. Below that, affinity costs no waiting time and stays.
         counts = [count(u) for u in healthy]
         cap = math.ceil(self._load_bound * (sum(counts) + 1) / len(healthy))
@@ -225,7 +232,7 @@ class Router:
             reading = latest(upstream)
             if reading.at < fresh_since:
                 continue
-            if n >= cap and (n >= ahead or (reading.waiting or 0.0) >= 1.0):
+            if n >= cap and (n >= ahead or queued(upstream) >= GUARD_QUEUE):
                 continue
             candidates.append(upstream)
         if not candidates:

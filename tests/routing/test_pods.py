@@ -20,7 +20,7 @@ from gateway.loopback import serve_in_task
 from gateway.routing.readings import Reading
 from gateway.routing.request import RouteRequest, blocks_of
 from gateway.routing.router import Decision, Router
-from gateway.routing.shared_inflight import SharedInFlight
+from gateway.routing.sharing import SharedRouting
 from gateway.settings import Settings
 from gateway.sim import SimConfig, create_app
 from tests.cluster.pods import ServePod, SimBackend
@@ -152,12 +152,14 @@ def _prefix_cache_tokens(sim: SimBackend) -> tuple[float, float]:
 async def test_pods_sharing_nothing_send_each_prefix_to_one_upstream(
     sims: list[SimBackend], http: httpx.AsyncClient
 ) -> None:
-    """Two pods that know nothing of each other, with the default weighted profile, send
-    every request of a shared prefix to the same upstream, so its prefix cache hits."""
+    """Two pods that know nothing of each other, with the default weighted profile and
+    plain rendezvous placement (``routing_placement_bound`` 0, as documented for pods
+    without Redis), send every request of a shared prefix to the same upstream, so its
+    prefix cache hits."""
     prefixes, uses, per_pod = 8, 10, 3
     for sim in sims:
         sim.reset()
-    with serve_pods(sims, [], []) as pods:
+    with serve_pods(sims, [], [], env={"OBLETH_ROUTING_PLACEMENT_BOUND": "0"}) as pods:
         # request (p, r) goes to pod (p + r) % 2: every prefix alternates between the pods
         work: list[list[tuple[int, int]]] = [[], []]
         for r in range(uses):
@@ -194,10 +196,10 @@ async def test_pods_sharing_nothing_send_each_prefix_to_one_upstream(
     assert hits / queries >= 0.8, f"prefix cache hits {hits} of {queries} prompt tokens"
 
 
-def _idle_gateway(urls: Sequence[str]) -> Gateway:
+def _idle_gateway(urls: Sequence[str], **settings: Any) -> Gateway:
     """A pod's gateway with the default profile, not started: every upstream healthy and
     idle as if just scraped, so that its router decides from memory alone."""
-    gateway = Gateway(Settings(upstreams=tuple(urls), upstream_poll_interval_s=60.0))
+    gateway = Gateway(Settings(upstreams=tuple(urls), upstream_poll_interval_s=60.0, **settings))
     now = time.monotonic()
     for url in urls:
         gateway.readings.update(Reading(url, healthy=True, running=0.0, waiting=0.0, at=now))
@@ -224,10 +226,11 @@ def _sent(gateway: Gateway, document: int) -> str:
 
 
 def test_a_new_prefix_goes_to_one_upstream_whichever_pod_has_served_other_prefixes() -> None:
-    """Pod A has served three prefixes and pod B none: every new prefix still goes to the
-    same upstream from both pods, so two replicas never split a prefix between them."""
+    """Pods without Redis and with plain rendezvous placement: pod A has served three
+    prefixes and pod B none, and every new prefix still goes to the same upstream from
+    both pods, so two replicas never split a prefix between them."""
     urls = [f"http://127.0.0.1:{8001 + i}" for i in range(4)]
-    a, b = _idle_gateway(urls), _idle_gateway(urls)
+    a, b = (_idle_gateway(urls, routing_placement_bound=0) for _ in range(2))
     for document in range(3):
         _sent(a, document)
 
@@ -394,8 +397,8 @@ async def test_a_gateways_decisions_show_in_the_other_gateways_counts_until_they
         await b.start()
         try:
             assert a.router is not None and b.router is not None
-            a_shared, b_shared = a.router.fleet.inflight, b.router.fleet.inflight
-            assert isinstance(a_shared, SharedInFlight) and isinstance(b_shared, SharedInFlight)
+            a_shared, b_shared = a.sharing, b.sharing
+            assert isinstance(a_shared, SharedRouting) and isinstance(b_shared, SharedRouting)
 
             decisions = [_route(a.router) for _ in range(3)]
             on_a = Counter(d.upstream for d in decisions)
@@ -433,3 +436,63 @@ async def test_a_gateways_decisions_show_in_the_other_gateways_counts_until_they
     assert b_before_stop == {u: int(u == decision.upstream) for u in urls}
     assert not a_id_left
     assert b_after_stop == dict.fromkeys(urls, 0)
+
+
+# -- Redis: where one pod placed a new prefix, the others send it --------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_prefix_placed_off_its_rendezvous_choice_is_followed_by_the_other_pod(
+    redis_url: str, pool_name: str
+) -> None:
+    """Pod A, whose requests crowd the upstream that hashing picks for a new document,
+    places it on another (the placement bound); once both pods have synced, idle pod B
+    sends the document to the same upstream, where on its own it would have hashed it
+    to the crowded one."""
+    urls = [f"http://127.0.0.1:{8101 + i}" for i in range(4)]
+    shared = {"redis_url": redis_url, "pool": pool_name, "routing_seed": 1}
+    a, b, alone = _idle_gateway(urls, **shared), _idle_gateway(urls, **shared), _idle_gateway(urls)
+    assert a.router is not None and a.sharing is not None and b.sharing is not None
+    try:
+        hashed = _sent(alone, 20)
+        for _ in range(6):
+            a.router.fleet.inflight.add(hashed)
+        on_a = _sent(a, 20)
+        await a.sharing.sync()
+        await b.sharing.sync()
+        on_b = _sent(b, 20)
+    finally:
+        await a.sharing.stop()
+        await b.sharing.stop()
+    assert on_a != hashed, "the bound did not move the placement: the test shows nothing"
+    assert on_b == on_a
+
+
+@pytest.mark.anyio
+async def test_pods_that_placed_a_prefix_differently_converge_on_the_first_placement(
+    redis_url: str, pool_name: str
+) -> None:
+    """A and B place the same new document before hearing of each other, A off the hashed
+    upstream (crowded on A), B on it. A's placement reaches Redis first, so after the
+    next sync both send the document to A's upstream, B included, although B had already
+    sent it to its own choice once."""
+    urls = [f"http://127.0.0.1:{8201 + i}" for i in range(4)]
+    shared = {"redis_url": redis_url, "pool": pool_name, "routing_seed": 1}
+    a, b = _idle_gateway(urls, **shared), _idle_gateway(urls, **shared)
+    assert a.router is not None and a.sharing is not None and b.sharing is not None
+    try:
+        hashed = _sent(b, 30)
+        for _ in range(6):
+            a.router.fleet.inflight.add(hashed)
+        first = _sent(a, 30)
+        await a.sharing.sync()
+        await b.sharing.sync()
+        await a.sharing.sync()
+        for _ in range(6):
+            a.router.fleet.inflight.remove(hashed)
+        after = [(_sent(a, 30), _sent(b, 30)) for _ in range(3)]
+    finally:
+        await a.sharing.stop()
+        await b.sharing.stop()
+    assert first != hashed
+    assert after == [(first, first)] * 3

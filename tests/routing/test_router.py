@@ -209,6 +209,34 @@ def test_the_load_bound_passes_over_an_upstream_with_too_many_in_flight() -> Non
             assert decision.ranking == [other, home]
 
 
+@pytest.mark.parametrize(
+    ("scrapes", "passed_over"),
+    [
+        ([0, 2], False),  # one scrape caught two requests between two engine steps
+        ([2, 0], False),  # the queue is gone
+        ([1, 1], False),  # one request kept waiting: not worth a cold prefill elsewhere
+        ([2, 3], True),  # a queue of two or more, seen twice: a queue
+    ],
+)
+def test_the_load_guard_acts_on_a_queue_seen_in_two_scrapes_in_a_row(
+    scrapes: list[float], passed_over: bool
+) -> None:
+    """Over the load bound, the holder of a prefix is passed over only when it kept at
+    least two requests waiting over its last two scrapes, not on a single scrape."""
+    gw = gateway([A, B])
+    all_scraped(gw, [A, B], waiting=0)
+    first = route(gw, LONG_PROMPT)
+    home = first.upstream
+    first.finish()
+    for waiting in scrapes:
+        scraped(gw, home, waiting=waiting)
+    assert gw.readings.queued(home) == min(scrapes)
+    for _ in range(4):
+        router_of(gw).fleet.inflight.add(home)
+    decision = route(gw, LONG_PROMPT)
+    assert (decision.upstream != home) is passed_over
+
+
 # -- policies -------------------------------------------------------------------------------------
 
 

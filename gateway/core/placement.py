@@ -1,0 +1,149 @@
+"""Where new prefixes went: bounded-load rendezvous placement and its shared record.
+
+A prompt whose first block no upstream holds is *placed*. Pure rendezvous hashing sends
+it to the same upstream from every pod without coordination, but with few large prefixes
+it is lopsided: sixteen system prompts hashed onto four upstreams put seven on one about
+a time in three, and that upstream's prefix cache thrashes while the others idle. So the
+placement walks the prefix's rendezvous order and takes the first upstream that is not
+ahead of the others by more than a bound, both in prompt content already placed on it and
+in requests in flight (consistent hashing with bounded loads).
+
+A bounded choice depends on the moment it is made, so two pods could place the same
+prefix differently. The record of placements (``PlacementLog``) is what keeps them in
+agreement: a pod looks a prefix up there before placing it, and in cluster mode every
+pod's placements reach every other pod within one synchronisation interval, the first
+one written winning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from gateway.core.rendezvous import weight
+
+
+class Placed(NamedTuple):
+    """One placement: the upstream a prefix went to, and the prompt's size in blocks."""
+
+    upstream: str
+    blocks: int
+    confirmed: bool
+    """True once the cluster's shared record holds it (always, in one process)."""
+
+
+class PlacementLog:
+    """The placements this pod knows, bounded, oldest forgotten first; see the module.
+
+    What callers may rely on:
+
+    - ``get(key)`` is the upstream the prefix with first-block hash ``key`` was placed on.
+    - ``record`` keeps the first placement of a key; later ones are ignored.
+    - ``learn`` applies the shared record, in its order: the first entry for a key wins
+      over this pod's own unconfirmed placement of it and over every later entry.
+    - ``blocks(upstream)`` is the prompt content (blocks) placed on the upstream among the
+      placements kept; at most ``capacity`` placements are kept.
+    - With ``shared`` set, own placements wait in ``unshared()`` for the synchroniser.
+    """
+
+    __slots__ = ("_blocks", "_capacity", "_shared", "_unshared", "_where")
+
+    def __init__(self, capacity: int, *, shared: bool = False) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self._capacity = capacity
+        self._shared = shared
+        self._where: OrderedDict[int, Placed] = OrderedDict()
+        self._blocks: dict[str, int] = {}
+        self._unshared: list[tuple[int, str, int]] = []
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def get(self, key: int) -> str | None:
+        placed = self._where.get(key)
+        return None if placed is None else placed.upstream
+
+    def blocks(self, upstream: str) -> int:
+        return self._blocks.get(upstream, 0)
+
+    def record(self, key: int, upstream: str, blocks: int) -> None:
+        """This pod placed ``key`` on ``upstream``; kept unless ``key`` is placed already."""
+        if key in self._where:
+            return
+        self._put(key, Placed(upstream, blocks, not self._shared))
+        if self._shared:
+            self._unshared.append((key, upstream, blocks))
+
+    def learn(self, key: int, upstream: str, blocks: int) -> None:
+        """The shared record says ``key`` went to ``upstream`` (entries in record order)."""
+        known = self._where.get(key)
+        if known is not None:
+            if known.confirmed:
+                return
+            self._drop(key)
+        self._put(key, Placed(upstream, blocks, True))
+
+    def unshared(self, limit: int) -> list[tuple[int, str, int]]:
+        """Up to ``limit`` own placements not yet in the shared record, oldest first;
+        they stay here until ``shared(n)`` says the first ``n`` were written."""
+        return self._unshared[:limit]
+
+    def shared(self, count: int) -> None:
+        del self._unshared[:count]
+
+    def _put(self, key: int, placed: Placed) -> None:
+        self._where[key] = placed
+        self._blocks[placed.upstream] = self._blocks.get(placed.upstream, 0) + placed.blocks
+        while len(self._where) > self._capacity:
+            self._drop(next(iter(self._where)))
+
+    def _drop(self, key: int) -> None:
+        placed = self._where.pop(key)
+        left = self._blocks[placed.upstream] - placed.blocks
+        if left:
+            self._blocks[placed.upstream] = left
+        else:
+            del self._blocks[placed.upstream]
+
+
+def place(
+    key: int,
+    candidates: Sequence[tuple[str, int]],
+    *,
+    bound: float,
+    blocks: Callable[[str], int],
+    in_flight: Callable[[str], int],
+) -> str | None:
+    """The upstream for a new prefix: the first of ``candidates`` (``(name, salt)``) in
+    the rendezvous order of ``key`` that is within ``bound`` times the average of both
+    ``blocks`` placed and requests ``in_flight``; None when there are no candidates.
+
+    ``bound`` 0 is pure rendezvous. Otherwise some candidate always qualifies on each
+    measure alone (the least loaded is never above the average); when none qualifies on
+    both, content placed decides, since it is what a cache has to hold.
+    """
+    if not candidates:
+        return None
+    order = sorted(candidates, key=lambda c: (-weight(key, c[1]), c[0]))
+    if bound <= 0 or len(order) == 1:
+        return order[0][0]
+    names = [name for name, _ in order]
+    held = [blocks(u) for u in names]
+    counts = [in_flight(u) for u in names]
+    held_cap = bound * sum(held) / len(names)
+    count_cap = math.ceil(bound * (sum(counts) + 1) / len(names))
+    fallback = None
+    for name, h, n in zip(names, held, counts, strict=True):
+        if h <= held_cap:
+            if n < count_cap:
+                return name
+            if fallback is None:
+                fallback = name
+    return fallback if fallback is not None else names[0]

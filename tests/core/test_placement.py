@@ -1,0 +1,174 @@
+"""Placement of new prefixes: bounded-load rendezvous hashing and the placement record that
+keeps pods in agreement (``gateway.core.placement``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.core.placement import PlacementLog, place
+from gateway.core.rendezvous import pick, stable_hash, weight
+
+NAMES = ["http://a:8000", "http://b:8000", "http://c:8000", "http://d:8000"]
+CANDIDATES = [(name, stable_hash(name)) for name in NAMES]
+KEYS = [stable_hash(f"system prompt {i}") for i in range(400)]
+
+
+def _idle(_: str) -> int:
+    return 0
+
+
+def _placed_one_by_one(keys: list[int], bound: float, size: int = 31) -> Counter[str]:
+    """Place ``keys`` in turn, each ``size`` blocks, as a router with no requests in flight
+    would; the number of prefixes that ended on each upstream."""
+    log = PlacementLog(10_000)
+    for key in keys:
+        upstream = place(key, CANDIDATES, bound=bound, blocks=log.blocks, in_flight=_idle)
+        assert upstream is not None
+        log.record(key, upstream, size)
+    return Counter(log.get(key) for key in keys)
+
+
+def test_with_bound_zero_placement_is_plain_rendezvous() -> None:
+    log = PlacementLog(100)
+    log.record(KEYS[0], NAMES[0], 10_000)  # a heavily loaded upstream changes nothing
+    for key in KEYS[:50]:
+        chosen = place(key, CANDIDATES, bound=0, blocks=log.blocks, in_flight=lambda u: 99)
+        assert chosen == pick(key, CANDIDATES)
+
+
+def test_an_idle_fleet_places_every_prefix_on_its_rendezvous_choice() -> None:
+    for key in KEYS[:50]:
+        assert place(key, CANDIDATES, bound=1.25, blocks=_idle, in_flight=_idle) == pick(
+            key, CANDIDATES
+        )
+
+
+@pytest.mark.parametrize("start", range(0, 400, 16))
+def test_sixteen_prefixes_never_crowd_one_upstream_of_four(start: int) -> None:
+    """The case plain hashing gets wrong a time in three: 16 large prefixes on 4
+    upstreams. Bounded at 1.25, no upstream takes more than 5 (hashing alone: up to 7+)."""
+    keys = KEYS[start : start + 16]
+    assert max(_placed_one_by_one(keys, 1.25).values()) <= 5
+
+
+def test_plain_hashing_does_crowd_some_upstream_in_the_same_key_sets() -> None:
+    """The counterpart of the test above: the bound is what makes the difference."""
+    worst = max(max(_placed_one_by_one(KEYS[s : s + 16], 0).values()) for s in range(0, 400, 16))
+    assert worst >= 7
+
+
+def test_an_upstream_with_too_many_requests_in_flight_is_passed_over() -> None:
+    key = KEYS[0]
+    first = pick(key, CANDIDATES)
+    busy = {first: 6}  # the others idle: the cap is ceil(1.25 * 7 / 4) = 3
+    chosen = place(key, CANDIDATES, bound=1.25, blocks=_idle, in_flight=lambda u: busy.get(u, 0))
+    assert chosen != first
+    rest = [c for c in CANDIDATES if c[0] != first]
+    assert chosen == pick(key, rest), "the next upstream in the key's own rendezvous order"
+
+
+def test_content_placed_wins_over_requests_in_flight_when_no_upstream_passes_both() -> None:
+    """Every upstream but one is over the in-flight cap, and that one holds far more
+    content than the others: the placement goes where the content fits."""
+    key = KEYS[1]
+    order = sorted(NAMES, key=lambda u: -weight(key, stable_hash(u)))
+    held = {order[0]: 500}
+    counts = {u: 0 if u == order[0] else 5 for u in NAMES}
+    chosen = place(
+        key, CANDIDATES, bound=1.25, blocks=lambda u: held.get(u, 0), in_flight=counts.__getitem__
+    )
+    assert chosen == order[1]
+
+
+def test_no_candidates_place_nowhere() -> None:
+    assert place(KEYS[0], [], bound=1.25, blocks=_idle, in_flight=_idle) is None
+
+
+# -- the placement record ----------------------------------------------------------------------
+
+
+def test_the_first_placement_of_a_key_is_kept() -> None:
+    log = PlacementLog(10)
+    log.record(1, NAMES[0], 5)
+    log.record(1, NAMES[1], 5)
+    assert log.get(1) == NAMES[0]
+    assert log.blocks(NAMES[0]) == 5 and log.blocks(NAMES[1]) == 0
+
+
+def test_the_shared_record_overrides_an_unconfirmed_own_placement() -> None:
+    """Two pods placed key 1 before hearing of each other; the record's first entry (the
+    other pod's) wins, and this pod's own later entry changes nothing."""
+    log = PlacementLog(10, shared=True)
+    log.record(1, NAMES[0], 5)
+    assert log.unshared(10) == [(1, NAMES[0], 5)]
+    log.shared(1)
+    log.learn(1, NAMES[2], 5)  # the other pod's entry, first in the record
+    log.learn(1, NAMES[0], 5)  # this pod's own, second
+    assert log.get(1) == NAMES[2]
+    assert log.blocks(NAMES[2]) == 5 and log.blocks(NAMES[0]) == 0
+
+
+def test_own_placements_wait_for_the_synchroniser_until_written() -> None:
+    log = PlacementLog(10, shared=True)
+    for key in range(5):
+        log.record(key, NAMES[key % 4], 1)
+    assert [k for k, _, _ in log.unshared(3)] == [0, 1, 2]
+    log.shared(3)
+    assert [k for k, _, _ in log.unshared(3)] == [3, 4]
+    assert PlacementLog(10).unshared(10) == [], "one process: nothing to share"
+
+
+class ReferenceRecord:
+    """The placement record's contract, written the plain way."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.entries: dict[int, tuple[str, int, bool]] = {}  # insertion ordered
+
+    def record(self, key: int, upstream: str, size: int) -> None:
+        if key not in self.entries:
+            self._put(key, (upstream, size, False))
+
+    def learn(self, key: int, upstream: str, size: int) -> None:
+        known = self.entries.get(key)
+        if known is not None:
+            if known[2]:
+                return
+            del self.entries[key]
+        self._put(key, (upstream, size, True))
+
+    def _put(self, key: int, entry: tuple[str, int, bool]) -> None:
+        self.entries[key] = entry
+        while len(self.entries) > self.capacity:
+            del self.entries[next(iter(self.entries))]
+
+    def blocks(self, upstream: str) -> int:
+        return sum(size for u, size, _ in self.entries.values() if u == upstream)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    capacity=st.integers(min_value=1, max_value=5),
+    ops=st.lists(
+        st.tuples(st.booleans(), st.integers(0, 8), st.sampled_from(NAMES), st.integers(1, 40)),
+        max_size=60,
+    ),
+)
+def test_the_record_stays_bounded_first_entry_wins_and_totals_add_up(
+    capacity: int, ops: list[tuple[bool, int, str, int]]
+) -> None:
+    log = PlacementLog(capacity, shared=True)
+    reference = ReferenceRecord(capacity)
+    for learned, key, upstream, size in ops:
+        for record in (log, reference):
+            (record.learn if learned else record.record)(key, upstream, size)
+        assert len(log) == len(reference.entries) <= capacity
+        for k in range(9):
+            expected = reference.entries.get(k)
+            assert log.get(k) == (None if expected is None else expected[0])
+        for u in NAMES:
+            assert log.blocks(u) == reference.blocks(u)
