@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from gateway.backends.memory import MemoryBackend
 from gateway.capacity import Capacity, ProviderFailed
-from gateway.core.placement import PlacementLog
+from gateway.core.placement import KEPT, PlacementLog
 from gateway.errors import PluginError
 from gateway.plugins import Plugins
 from gateway.protocols import CapacityProvider, CounterBackend, OverflowPolicy, Snapshot
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 STALE_AFTER_INTERVALS = 3
 """A reading older than this many polling intervals counts as saturated."""
-PLACEMENTS_KEPT = 8192
-"""How many placements of new prefixes the router remembers (and, with Redis, shares)."""
 
 
 class Gateway:
@@ -102,7 +100,7 @@ class Gateway:
     def _router(self, urls: list[str]) -> Router:
         settings = self.settings
         inflight = InFlight(urls)
-        placements = PlacementLog(PLACEMENTS_KEPT, shared=settings.redis_url is not None)
+        placements = PlacementLog(KEPT, shared=settings.redis_url is not None)
         if settings.redis_url is not None:
             from gateway.routing.sharing import SharedRouting
 

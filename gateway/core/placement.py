@@ -24,6 +24,9 @@ from typing import NamedTuple
 
 from gateway.core.rendezvous import weight
 
+KEPT = 8192
+"""How many placements a router remembers (and, in cluster mode, the shared record keeps)."""
+
 
 class Placed(NamedTuple):
     """One placement: the upstream a prefix went to, and the prompt's size in blocks."""

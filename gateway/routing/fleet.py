@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 
 from gateway.core import placement, rendezvous
-from gateway.core.placement import PlacementLog
+from gateway.core.placement import KEPT, PlacementLog
 from gateway.routing.inflight import InFlight
 from gateway.routing.readings import Reading, Readings
 
@@ -16,8 +16,15 @@ class Fleet:
     Scorers get it as ``request.fleet``. Everything answers from memory at once.
     """
 
-    __slots__ = ("_salts", "in_flight", "inflight", "placement_bound", "placements", "reading",
-                 "readings")  # fmt: skip
+    __slots__ = (
+        "_salts",
+        "in_flight",
+        "inflight",
+        "placement_bound",
+        "placements",
+        "reading",
+        "readings",
+    )
 
     def __init__(
         self,
@@ -29,7 +36,7 @@ class Fleet:
     ) -> None:
         self.readings = readings
         self.inflight = inflight
-        self.placements = placements if placements is not None else PlacementLog(1)
+        self.placements = placements if placements is not None else PlacementLog(KEPT)
         """Where new prefixes went (every pod's, in cluster mode)."""
         self.placement_bound = placement_bound
         self._salts = {url: rendezvous.stable_hash(url) for url in readings}
