@@ -463,22 +463,25 @@ def _check_scorers(settings: Settings, name: str, value: Any) -> Mapping[str, fl
     return MappingProxyType(weights)
 
 
-def _check_load_bound(settings: Settings, name: str, value: Any) -> float:
-    valid = isinstance(value, int | float) and not isinstance(value, bool)
-    if not valid or not math.isfinite(value) or value < 1:
-        raise settings.error(name, value, "expected a finite number of at least 1, e.g. 1.5")
-    return float(value)
+def _check_bound(*, zero_allowed: bool) -> Callable[[Settings, str, Any], float]:
+    """A multiple of an average: finite and at least 1 (or 0, meaning off, where allowed)."""
+    accepted = (
+        "0 (off) or a finite number of at least 1, e.g. 1.25"
+        if zero_allowed
+        else "a finite number of at least 1, e.g. 1.5"
+    )
 
+    def check(settings: Settings, name: str, value: Any) -> float:
+        valid = isinstance(value, int | float) and not isinstance(value, bool)
+        if (
+            not valid
+            or not math.isfinite(value)
+            or (value < 1 and not (zero_allowed and value == 0))
+        ):
+            raise settings.error(name, value, f"expected {accepted}")
+        return float(value)
 
-def _check_placement_bound(settings: Settings, name: str, value: Any) -> float:
-    valid = isinstance(value, int | float) and not isinstance(value, bool)
-    if not valid or not math.isfinite(value) or (value != 0 and value < 1):
-        raise settings.error(
-            name,
-            value,
-            "expected 0 (plain rendezvous hashing) or a finite number of at least 1, e.g. 1.25",
-        )
-    return float(value)
+    return check
 
 
 def _check_seed(settings: Settings, name: str, value: Any) -> int | None:
@@ -535,9 +538,9 @@ _SPECS: dict[str, _Spec] = {
         _spec("upstreams", _env_upstreams, _check_upstreams),
         _spec("routing_policy", _env_text, _check_routing_policy),
         _spec("routing_scorers", _env_scorers, _check_scorers),
-        _spec("routing_load_bound", _env_float, _check_load_bound),
+        _spec("routing_load_bound", _env_float, _check_bound(zero_allowed=False)),
         _spec("routing_load_slack", _env_int, _check_int(1)),
-        _spec("routing_placement_bound", _env_float, _check_placement_bound),
+        _spec("routing_placement_bound", _env_float, _check_bound(zero_allowed=True)),
         _spec("routing_seed", _env_optional_int, _check_seed),
         _spec("session_header", _env_text, _check_required_header),
         _spec("upstream_header", _env_bool, _check_bool),
