@@ -135,13 +135,11 @@ class Plugins:
         self.observes = bool(self._on_admitted or self._on_rejected or self._on_finished)
         #: whether any plugin observes routing decisions
         self.observes_routing = bool(self._on_routed)
-        # with the built-in classifier alone, decode only the headers it reads
-        self._builtin_only = [impl.plugin for impl in self._classifiers] == [_BUILTIN_CLASSIFIER]
-        self._header_names: frozenset[bytes] | None = None
-        if self._builtin_only:
-            self._header_names = frozenset(
-                name.encode("latin-1") for name in classifier.headers_read(settings)
-            )
+        #: the built-in classifier when it is the only one: callers may then classify with
+        #: it directly, without a header dict or a hook call; else None
+        self.header_reader: classifier.HeaderReader | None = None
+        if [impl.plugin for impl in self._classifiers] == [_BUILTIN_CLASSIFIER]:
+            self.header_reader = classifier.reader_for(settings)
 
     # -- startup ----------------------------------------------------------------------------
 
@@ -311,20 +309,14 @@ class Plugins:
 
     # -- the request path -------------------------------------------------------------------
 
-    def headers_of(self, scope: Scope) -> dict[str, str]:
-        """The request headers classifiers get: all of them, or only those the built-in
-        classifier reads when it is the only one."""
-        names = self._header_names
-        if names is None:
-            return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in names}
+    def classify(self, scope: Scope, body: bytes | None) -> Classification | None:
+        """The first plugin's answer; a plugin that raises is logged and skipped.
 
-    def classify(
-        self, scope: Scope, headers: Mapping[str, str], body: bytes | None
-    ) -> Classification | None:
-        """The first plugin's answer; a plugin that raises is logged and skipped."""
-        if self._builtin_only:
-            return classifier.obleth_classify_request(headers, self.settings)
+        Plugins get the headers decoded, in a dict with lower-case names.
+        """
+        if self.header_reader is not None:
+            return self.header_reader.read(scope["headers"])
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         arguments = {"scope": scope, "headers": headers, "body": body, "settings": self.settings}
         for impl in self._classifiers:
             try:

@@ -62,6 +62,7 @@ class GatewayMiddleware:
         self._max_body = config.max_body_bytes
         self._default = Classification(config.default_tenant, config.default_priority)
         self._plugins = self.gateway.plugins
+        self._header_reader = self._plugins.header_reader
         self._scheduler = self.gateway.scheduler
         self._observes = self._plugins.observes
         self._router = self.gateway.router
@@ -86,17 +87,20 @@ class GatewayMiddleware:
         body: RequestBody | None = None
         payload = None
         try:
-            headers = plugins.headers_of(scope)
             if self._reads_body and _has_json_body(scope):
                 body = RequestBody(receive, self._max_body)
                 payload = await body.read()
-            classification = plugins.classify(scope, headers, payload) or self._default
+            classification = None
+            if self._header_reader is not None:
+                ticket = self._header_reader.ticket(scope["headers"])
+            else:
+                classification = plugins.classify(scope, payload) or self._default
+                ticket = make_ticket(classification.tenant, classification.priority)
         except BadRequest as exc:
             await send_bad_request(send, exc)
             return
         except Disconnected:
             return
-        ticket = make_ticket(classification.tenant, classification.priority)
         permit = self._scheduler.try_acquire(ticket)
         if permit is None:
             if body is None:
@@ -167,7 +171,7 @@ class GatewayMiddleware:
         send: Send,
         body: RequestBody | None,
         payload: bytes | None,
-        classification: Classification,
+        classification: Classification | None,
         permit: Permit,
     ) -> None:
         """Choose the upstream, then run the app; the choice counts until the app returns."""
@@ -196,15 +200,21 @@ class GatewayMiddleware:
             permit.release()
 
     def _route(
-        self, scope: Scope, payload: bytes | None, classification: Classification, ticket: Ticket
+        self,
+        scope: Scope,
+        payload: bytes | None,
+        classification: Classification | None,
+        ticket: Ticket,
     ) -> Decision:
+        """``classification`` is None when the built-in classifier, which gives no routing
+        hints, classified the request."""
         assert self._router is not None
         parsed = parse_body(payload)
         model = model_of(parsed)
-        text = classification.routing_key
+        text = classification.routing_key if classification is not None else None
         if text is None:
             text = prompt_text(parsed)
-        session = classification.session_id
+        session = classification.session_id if classification is not None else None
         if session is None:
             wanted = self._session_header
             for name, value in scope["headers"]:

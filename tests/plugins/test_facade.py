@@ -57,6 +57,12 @@ def offering(name: str, offers: object) -> SimpleNamespace:
     return plugin(name, obleth_capacity_providers=obleth_capacity_providers)
 
 
+def with_headers(headers: dict[str, str]) -> Scope:
+    """``SCOPE`` with these request headers, as a server would pass them."""
+    raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+    return {**SCOPE, "headers": raw}
+
+
 def facade(*extra: object, **settings: Any) -> Plugins:
     return Plugins(Settings(**settings), extra=extra, entry_points=False)
 
@@ -291,7 +297,7 @@ def test_classifier_plugin_answers_before_the_builtin() -> None:
 
     plugins = facade(plugin("teams", obleth_classify_request=obleth_classify_request))
 
-    answer = plugins.classify(SCOPE, {"x-team": "search"}, None)
+    answer = plugins.classify(with_headers({"x-team": "search"}), None)
 
     assert answer == Classification(tenant="search", priority="critical")
 
@@ -311,7 +317,7 @@ def test_classifier_that_raises_falls_through_to_the_builtin(
     )
 
     with caplog.at_level(logging.ERROR, logger="obleth.plugins"):
-        answer = plugins.classify(SCOPE, {"x-tenant": "acme"}, None)
+        answer = plugins.classify(with_headers({"x-tenant": "acme"}), None)
 
     assert answer == Classification(tenant="acme", priority="standard")
     [record] = [r for r in caplog.records if r.name == "obleth.plugins"]
@@ -330,7 +336,7 @@ def test_classifier_bad_request_reaches_the_client() -> None:
     plugins = facade(plugin("strict", obleth_classify_request=obleth_classify_request))
 
     with pytest.raises(BadRequest, match="x-team header is required"):
-        plugins.classify(SCOPE, {}, None)
+        plugins.classify(SCOPE, None)
 
 
 def test_observer_that_raises_is_logged_and_the_others_are_still_told(

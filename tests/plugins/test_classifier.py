@@ -1,0 +1,169 @@
+"""The built-in classifier: the documented rules, on raw headers, with its memo of tickets."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from types import BuiltinFunctionType, FunctionType, ModuleType
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway import Settings, hookimpl
+from gateway.builtin.classifier import MEMO_SIZE, HeaderReader, reader_for, tenant_of_key
+from gateway.core.tickets import PRIORITIES, Ticket
+from gateway.errors import BadRequest
+from gateway.plugins import Plugins
+
+Headers = list[tuple[bytes, bytes]]
+
+NAMES = ["authorization", "x-api-key", "api-key", "x-tenant", "x-priority", "accept", "host"]
+VALUES = [
+    "Bearer sk-one",
+    "bearer  sk-two ",
+    "Basic dXNlcg==",
+    "Bearer ",
+    "sk-three",
+    "",
+    "  ",
+    " gold ",
+    "critical",
+    "Background",
+    "urgent",
+]
+
+
+def expected(headers: Headers, config: Settings) -> tuple[str, str] | str:
+    """The rules as the docs state them, from a decoded dict (the last repeated header
+    counts): the tenant header, else the bearer token's hash, else ``x-api-key`` or
+    ``api-key``'s hash, else the default tenant; the priority header only when trusted.
+    "bad priority" for a trusted priority header that names none."""
+    seen = {name.decode("latin-1"): value.decode("latin-1") for name, value in headers}
+    tenant = None
+    if config.tenant_header is not None:
+        tenant = seen.get(config.tenant_header, "").strip() or None
+    if tenant is None:
+        scheme, _, token = seen.get("authorization", "").partition(" ")
+        key = token.strip() if scheme.lower() == "bearer" else ""
+        key = key or seen.get("x-api-key") or seen.get("api-key") or ""
+        tenant = tenant_of_key(key) if key else config.default_tenant
+    priority = config.default_priority
+    claimed = seen.get(config.priority_header) if config.trust_priority_header else None
+    if claimed is not None:
+        priority = claimed.strip().lower()
+        if priority not in PRIORITIES:
+            return "bad priority"
+    return tenant, priority
+
+
+def answer(reader: HeaderReader, headers: Headers) -> tuple[str, str] | str:
+    try:
+        ticket = reader.ticket(headers)
+    except BadRequest:
+        return "bad priority"
+    return ticket.tenant, ticket.priority
+
+
+header_lists = st.lists(
+    st.tuples(st.sampled_from(NAMES), st.sampled_from(VALUES)).map(
+        lambda pair: (pair[0].encode(), pair[1].encode())
+    ),
+    max_size=6,
+)
+configurations = st.builds(
+    Settings,
+    tenant_header=st.sampled_from([None, "x-tenant"]),
+    trust_priority_header=st.booleans(),
+    default_priority=st.sampled_from(PRIORITIES[:2]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(config=configurations, requests=st.lists(header_lists, min_size=1, max_size=4))
+def test_the_reader_follows_the_documented_rules_on_first_sight_and_from_memory(
+    config: Settings, requests: list[Headers]
+) -> None:
+    """Every request classifies as the rules say, and asking again (now from the memo)
+    gives the same answer."""
+    reader = HeaderReader(
+        config.tenant_header,
+        config.priority_header if config.trust_priority_header else None,
+        config.default_tenant,
+        config.default_priority,
+    )
+    for headers in requests + requests:
+        assert answer(reader, headers) == expected(headers, config)
+
+
+def test_the_hook_answers_as_the_reader_does() -> None:
+    """With another classifier in front that passes, the built-in answers through the hook
+    exactly as the middleware's direct path does."""
+
+    class Passing:
+        @hookimpl
+        def obleth_classify_request(self) -> None:
+            return None
+
+    config = Settings(tenant_header="x-tenant")
+    plugins = Plugins(config, extra=[Passing()], entry_points=False)
+    assert plugins.header_reader is None  # another classifier: no direct path
+    headers = [(b"x-tenant", b" gold "), (b"authorization", b"Bearer sk-one")]
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": headers}
+    classification = plugins.classify(scope, None)
+    assert classification is not None
+    direct = reader_for(config).ticket(headers)
+    assert (classification.tenant, classification.priority) == (direct.tenant, direct.priority)
+    assert direct.tenant == "gold"
+
+
+def reachable(root: object) -> Iterator[object]:
+    """Every object the data of ``root`` leads to (not through classes, functions or
+    modules, which lead to everything), with the strings, bytes and ints it holds."""
+    seen = {id(root)}
+    todo = [root]
+    while todo:
+        item = todo.pop()
+        yield item
+        for child in gc.get_referents(item):
+            if isinstance(child, type | ModuleType | FunctionType | BuiltinFunctionType):
+                continue
+            if id(child) not in seen:
+                seen.add(id(child))
+                todo.append(child)
+
+
+def test_the_memo_never_holds_a_credential_and_stays_bounded() -> None:
+    """After more distinct API keys than the memo holds, nothing reachable from the reader
+    contains a key, every answer is still the key's hashed tenant, and what it remembers
+    stays within its bound."""
+    reader = HeaderReader(None, None, "default", "standard")
+    keys = [f"sk-secret-{n:06d}" for n in range(MEMO_SIZE + 100)]
+    for _ in range(2):
+        for key in keys:
+            assert reader.ticket([(b"authorization", f"Bearer {key}".encode())]) == (
+                tenant_of_key(key),
+                "standard",
+                1,
+            )
+    texts = [
+        item.decode("latin-1") if isinstance(item, bytes) else item
+        for item in reachable(reader)
+        if isinstance(item, str | bytes)
+    ]
+    assert not [text for text in texts if "sk-secret" in text]
+    tickets = [item for item in reachable(reader) if isinstance(item, Ticket)]
+    assert 1 < len(tickets) <= MEMO_SIZE + 1  # the default ticket and what it remembers
+
+
+def test_a_request_without_credentials_gets_the_default_ticket() -> None:
+    reader = reader_for(Settings(default_tenant="anonymous", default_priority="background"))
+    assert reader.ticket([(b"host", b"example")]) == ("anonymous", "background", 1)
+    assert reader.ticket([]) is reader.ticket([(b"accept", b"*/*")])
+
+
+def test_a_bad_priority_names_the_header_and_what_is_accepted() -> None:
+    reader = reader_for(Settings(trust_priority_header=True, priority_header="x-urgency"))
+    with pytest.raises(BadRequest, match="x-urgency: 'soon' is no priority") as caught:
+        reader.ticket([(b"x-urgency", b"Soon")])
+    assert "critical, standard, background" in str(caught.value)
