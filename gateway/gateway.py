@@ -83,7 +83,9 @@ class Gateway:
         #: chooses an upstream per request; None when no upstreams are configured
         self.router: Router | None = self._router(urls) if urls else None
         self._poller: Poller | None = None
-        self._started = False
+        #: whether ``start()`` has run (and ``stop()`` not since); read on every request,
+        #: so a plain attribute: set it only through ``start`` and ``stop``
+        self.started = False
         self._start_lock: asyncio.Lock | None = None
 
     def _check_scorer_names(self) -> None:
@@ -130,12 +132,12 @@ class Gateway:
 
     async def start(self) -> None:
         """Start providers and the backend; safe to call more than once."""
-        if self._started:
+        if self.started:
             return
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
-            if self._started:
+            if self.started:
                 return
             await self.backend.start()
             if self.router is not None:
@@ -162,17 +164,13 @@ class Gateway:
                             f"capacity provider {name!r} failed to start: {exc}",
                             distribution=self.plugins.distribution_of(plugin),
                         ) from exc
-            self._started = True
-
-    @property
-    def started(self) -> bool:
-        return self._started
+            self.started = True
 
     async def stop(self) -> None:
         """Stop providers and the backend; waiters still queued are answered 503."""
-        if not self._started:
+        if not self.started:
             return
-        self._started = False
+        self.started = False
         for provider in self.providers.values():
             stop = getattr(provider, "stop", None)
             if stop is not None:

@@ -91,9 +91,29 @@ class RequestInfo:
 
 
 class PermitOwner(Protocol):
-    """Who takes a permit's seats back: the scheduler that handed it out."""
+    """Who takes a permit's seats back: the scheduler that handed it out, or the free
+    seats it was taken from."""
 
     def _release(self, permit: Permit) -> None: ...
+
+
+class FreeSeats(PermitOwner, Protocol):
+    """The fast path of a backend that decides in process: seats free right now.
+
+    ``take(ticket)`` counts the ticket's seats as in flight and answers True when they fit
+    under the limit, nobody waits (no barging past the queue) and the tenant's cap allows;
+    else False, and nothing changed (the caller goes on to ``CounterBackend.acquire``).
+    ``give_back(ticket)`` returns seats ``take`` granted and hands them on to waiters; the
+    caller guarantees one call per grant. Both are synchronous and never suspend, so the
+    request path needs no ``Permit`` for them. ``taken`` and ``given_back`` count the
+    calls that moved seats; a Permit whose owner is this object gives back on release.
+    """
+
+    taken: int
+    given_back: int
+
+    def take(self, ticket: Ticket) -> bool: ...
+    def give_back(self, ticket: Ticket) -> None: ...
 
 
 class Permit(ReleaseOnce):
@@ -157,9 +177,8 @@ class CounterBackend(Protocol):
     The in-process backend is the default; the Redis backend makes one budget and one
     queue for every pod. Contract, for both:
 
-    - ``try_acquire_now`` is the fast path, called first and synchronously: a Permit when
-      seats are free now and nobody waits, else None (then ``acquire`` decides). A backend
-      that cannot answer without I/O always returns None.
+    - ``free_seats`` is the fast path, tried first and synchronously (see ``FreeSeats``);
+      None for a backend that cannot grant without I/O.
     - ``acquire`` returns a Permit when seats are free now, a Pending when the request
       waits, or raises ``Rejected``. It reads the limit on every call.
     - ``release`` gives seats back exactly as often as it is called; it never blocks and
@@ -170,9 +189,11 @@ class CounterBackend(Protocol):
     - ``limit_changed`` re-reads the limit and grants waiters that now fit.
     """
 
+    @property
+    def free_seats(self) -> FreeSeats | None: ...
+
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
-    def try_acquire_now(self, ticket: Ticket, owner: PermitOwner) -> Permit | None: ...
     async def acquire(self, ticket: Ticket) -> Permit | Pending: ...
     def release(self, permit: Permit) -> None: ...
     def cancel(self, pending: Pending) -> None: ...

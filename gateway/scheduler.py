@@ -1,7 +1,8 @@
 """The one gate: every admission-controlled request passes through the ``Scheduler``.
 
-The scheduler drives a counter backend. ``try_acquire`` is the synchronous fast path for
-a request that finds a free seat and nobody waiting; ``acquire`` is the full path: it waits
+The scheduler drives a counter backend. ``free_seats`` (when the backend decides in
+process) and ``try_acquire`` are the synchronous fast path for a request that finds a free
+seat and nobody waiting; ``acquire`` is the full path: it waits
 for a grant without polling, gives up on queue timeout or client disconnect, and counts
 rejections. A grant that races with a timeout or a disconnect is never lost: the backend
 hands those seats to the next waiter.
@@ -29,23 +30,39 @@ class Scheduler:
     """Admits requests through one counter backend; see the module docstring.
 
     ``admitted``, ``released`` and ``rejected`` count what happened, so that tests and
-    operators can check that every permit handed out came back exactly once.
+    operators can check that every permit handed out came back exactly once; seats taken
+    from ``free_seats`` directly count as admitted when taken and released when given back.
     """
 
     def __init__(self, backend: CounterBackend, settings: Settings) -> None:
         self.backend = backend
+        #: the backend's fast path (None when every grant needs I/O): ``take`` a free seat
+        #: and ``give_back`` it without a Permit, for callers that release it themselves
+        self.free_seats = backend.free_seats
         self._settings = settings
         self._timeout_s = settings.queue_timeout_s
-        self.admitted = 0
-        self.released = 0
+        self._admitted = 0
+        self._released = 0
         self.rejected: Counter[str] = Counter()
+
+    @property
+    def admitted(self) -> int:
+        """Requests granted seats so far."""
+        seats = self.free_seats
+        return self._admitted + (seats.taken if seats is not None else 0)
+
+    @property
+    def released(self) -> int:
+        """Grants whose seats came back so far."""
+        seats = self.free_seats
+        return self._released + (seats.given_back if seats is not None else 0)
 
     def try_acquire(self, ticket: Ticket) -> Permit | None:
         """A permit if seats are free now and nobody waits; else None (call ``acquire``)."""
-        permit = self.backend.try_acquire_now(ticket, self)
-        if permit is not None:
-            self.admitted += 1
-        return permit
+        seats = self.free_seats
+        if seats is None or not seats.take(ticket):
+            return None
+        return Permit(ticket, None, seats)
 
     async def acquire(
         self, ticket: Ticket, *, disconnected: DisconnectWatch | None = None
@@ -63,7 +80,7 @@ class Scheduler:
             self.rejected[exc.reason] += 1
             raise
         outcome.owner = self
-        self.admitted += 1
+        self._admitted += 1
         return outcome
 
     async def _wait(self, pending: Pending, disconnected: DisconnectWatch | None) -> Permit:
@@ -106,5 +123,5 @@ class Scheduler:
                     pending.future.set_exception(Disconnected())
 
     def _release(self, permit: Permit) -> None:
-        self.released += 1
+        self._released += 1
         self.backend.release(permit)

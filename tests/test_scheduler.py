@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from gateway import Gateway, Settings, hookimpl
+from gateway.core.tickets import Ticket
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
@@ -101,3 +102,53 @@ def test_limit_is_the_minimum_of_the_providers() -> None:
     assert gateway.capacity.current() == 5
     values["x"] = 2
     assert gateway.capacity.current() == 2
+
+
+def test_free_seats_grant_only_what_the_full_path_would_grant_at_once() -> None:
+    """The fast path never barges past a waiter, never crosses the limit or a tenant's
+    cap, and a seat it gives back goes to the waiter; the scheduler counts both paths."""
+
+    async def scenario() -> None:
+        gateway = await started(global_max_in_flight=2, tenant_max_in_flight={"capped": 1})
+        seats = gateway.scheduler.free_seats
+        assert seats is not None
+        assert seats.take(Ticket("a")) and seats.take(Ticket("capped"))
+        assert not seats.take(Ticket("b"))  # the limit
+        waiter = asyncio.create_task(gateway.scheduler.acquire(Ticket("w")))
+        await asyncio.sleep(0)
+        assert gateway.snapshot().queued == 1
+        seats.give_back(Ticket("a"))
+        permit = await asyncio.wait_for(waiter, 2)  # the freed seat went to the waiter
+        assert not seats.take(Ticket("b"))  # full again
+        permit.release()
+        assert not seats.take(Ticket("capped"))  # a seat is free, the tenant's cap is not
+        assert seats.take(Ticket("b"))
+        seats.give_back(Ticket("b"))
+        seats.give_back(Ticket("capped"))
+        assert (gateway.scheduler.admitted, gateway.scheduler.released) == (4, 4)
+        assert_drained(gateway)
+
+    run(scenario)
+
+
+def test_no_free_seat_while_someone_waits() -> None:
+    """A seat free while a bigger request waits for its seats is not handed to a
+    newcomer: it would barge past the queue's head."""
+
+    async def scenario() -> None:
+        gateway = await started(global_max_in_flight=2)
+        seats = gateway.scheduler.free_seats
+        assert seats is not None
+        holder = gateway.scheduler.try_acquire(Ticket("a"))
+        assert holder is not None
+        waiter = asyncio.create_task(gateway.scheduler.acquire(Ticket("w", seats=2)))
+        await asyncio.sleep(0)
+        assert gateway.snapshot().queued == 1 and gateway.snapshot().inflight == 1
+        assert not seats.take(Ticket("late"))
+        holder.release()
+        holder.release()  # a Permit from the fast path still releases once
+        permit = await asyncio.wait_for(waiter, 2)
+        permit.release()
+        assert_drained(gateway)
+
+    run(scenario)

@@ -67,6 +67,10 @@ class GatewayMiddleware:
         self._observes = self._plugins.observes
         self._router = self.gateway.router
         self._reads_body = self._plugins.wants_body or self._router is not None
+        # with nobody to tell and nothing to route, a free seat is taken and given back
+        # without a Permit: the try/finally around the app is the one release
+        plain = not self._observes and self._router is None
+        self._plain_seats = self._scheduler.free_seats if plain else None
         self._session_header = config.session_header.encode("latin-1")
         self._block_bytes = config.prefix_block_bytes
         self._upstream_header = config.upstream_header
@@ -101,23 +105,35 @@ class GatewayMiddleware:
             return
         except Disconnected:
             return
-        permit = self._scheduler.try_acquire(ticket)
-        if permit is None:
-            if body is None:
-                body = RequestBody(receive, self._max_body)
-            permit = await self._wait_for_seat(ticket, scope, body, send)
+        seats = self._plain_seats
+        permit: Permit | None = None
+        if seats is None or not seats.take(ticket):
+            permit = self._scheduler.try_acquire(ticket) if seats is None else None
             if permit is None:
-                return
-        elif self._observes:
-            plugins.admitted(_info(ticket, scope), 0.0)
+                if body is None:
+                    body = RequestBody(receive, self._max_body)
+                permit = await self._wait_for_seat(ticket, scope, body, send)
+                if permit is None:
+                    return
+            elif self._observes:
+                plugins.admitted(_info(ticket, scope), 0.0)
         state = scope.get("state")
         if state is None:
             state = scope["state"] = {}
+        waited_s = 0.0 if permit is None else permit.waited_s
         state["obleth"] = {
             "tenant": ticket.tenant,
             "priority": ticket.priority,
-            "waited_s": permit.waited_s,
+            "waited_s": waited_s,
         }
+        if permit is None:
+            # a free seat taken without a Permit: this finally is its one release
+            assert seats is not None
+            try:
+                await self.app(scope, receive if body is None else body.replay, send)
+            finally:
+                seats.give_back(ticket)
+            return
         if self._router is not None:
             await self._run_routed(scope, receive, send, body, payload, classification, permit)
             return

@@ -13,7 +13,7 @@ from gateway.core.admission import Granted, Queued, admit, dispatch
 from gateway.core.fairqueue import FairQueue, Waiter
 from gateway.core.tickets import Ticket
 from gateway.errors import Rejected, RejectReason
-from gateway.protocols import OverflowPolicy, Pending, Permit, PermitOwner, Snapshot, TenantState
+from gateway.protocols import OverflowPolicy, Pending, Permit, Snapshot, TenantState
 from gateway.settings import Settings
 
 
@@ -28,6 +28,7 @@ class MemoryBackend:
         self._decide = policy.decide
         self._queue = fair_queue_for(settings)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.free_seats = LocalSeats(self._queue, limit, self._dispatch)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -36,15 +37,6 @@ class MemoryBackend:
         for waiter in list(self._queue.waiters()):
             self._queue.remove(waiter)
             _fail(waiter, self._reject("queue_full"))
-
-    def try_acquire_now(self, ticket: Ticket, owner: PermitOwner) -> Permit | None:
-        queue = self._queue
-        if queue.queued or queue.inflight + ticket.seats > self._limit():
-            return None
-        if queue.capped and queue.over_cap(ticket):
-            return None
-        queue.take(ticket)
-        return Permit(ticket, None, owner)
 
     async def acquire(self, ticket: Ticket) -> Permit | Pending:
         loop = self._loop or asyncio.get_running_loop()
@@ -111,6 +103,45 @@ class MemoryBackend:
                     handed_back = True
                     continue
                 future.set_result(Permit(waiter.ticket))
+
+
+class LocalSeats:
+    """``FreeSeats`` of the in-process backend: the request path's one trip to the queue.
+
+    Each call is one frame over the fair queue's counters, with the limit read every time:
+    this runs twice per request on the fast path.
+    """
+
+    __slots__ = ("_dispatch", "_limit", "_queue", "given_back", "taken")
+
+    def __init__(
+        self, queue: FairQueue, limit: Callable[[], int], dispatch: Callable[[], None]
+    ) -> None:
+        self._queue = queue
+        self._limit = limit
+        self._dispatch = dispatch
+        self.taken = 0
+        self.given_back = 0
+
+    def take(self, ticket: Ticket) -> bool:
+        queue = self._queue
+        if queue.queued or queue.inflight + ticket.seats > self._limit():
+            return False
+        if queue.capped and queue.over_cap(ticket):
+            return False
+        queue.take(ticket)
+        self.taken += 1
+        return True
+
+    def give_back(self, ticket: Ticket) -> None:
+        self.given_back += 1
+        queue = self._queue
+        queue.release(ticket)
+        if queue.queued:
+            self._dispatch()
+
+    def _release(self, permit: Permit) -> None:
+        self.give_back(permit.ticket)
 
 
 def fair_queue_for(settings: Settings) -> FairQueue:

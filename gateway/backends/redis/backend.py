@@ -52,7 +52,7 @@ from gateway.backends.redis.wire import (
 from gateway.core.admission import OverflowAction
 from gateway.core.tickets import NO_WAIT_RANK, Ticket
 from gateway.errors import Rejected, RejectReason
-from gateway.protocols import OverflowPolicy, Pending, Permit, PermitOwner, Snapshot, TenantState
+from gateway.protocols import OverflowPolicy, Pending, Permit, Snapshot, TenantState
 from gateway.settings import Settings
 
 log = logging.getLogger("obleth.cluster")
@@ -95,6 +95,8 @@ class RedisBackend:
         client: Client | None = None,
     ) -> None:
         assert settings.redis_url is not None
+        #: every grant needs Redis: no fast path
+        self.free_seats = None
         self._settings = settings
         self._limit = limit
         self._decide = policy.decide
@@ -194,9 +196,6 @@ class RedisBackend:
                 await self._client.aclose()
 
     # -- the counter backend Protocol -----------------------------------------------------
-
-    def try_acquire_now(self, ticket: Ticket, owner: PermitOwner) -> Permit | None:
-        return None  # every grant needs Redis: ``acquire`` decides
 
     async def acquire(self, ticket: Ticket) -> Permit | Pending:
         if self._fallback is not None:
