@@ -2,10 +2,10 @@
 
 The scheduler drives a counter backend. ``free_seats`` (when the backend decides in
 process) and ``try_acquire`` are the synchronous fast path for a request that finds a free
-seat and nobody waiting; ``acquire`` is the full path: it waits
-for a grant without polling, gives up on queue timeout or client disconnect, and counts
-rejections. A grant that races with a timeout or a disconnect is never lost: the backend
-hands those seats to the next waiter.
+seat and nobody waiting; ``acquire`` is the full path: it waits for a grant without
+polling, gives up on queue timeout or client disconnect, and counts rejections. A grant
+that races with a timeout or a disconnect is never lost: the backend hands those seats to
+the next waiter.
 """
 
 from __future__ import annotations
