@@ -84,7 +84,7 @@ class HeaderReader:
     threads: a memo is only ever read, added to or cleared, each one step.
     """
 
-    __slots__ = ("_default", "_memos", "_names", "_priority_header", "_priority_name", "_sources")
+    __slots__ = ("_default", "_names", "_priority_header", "_priority_name", "_sources")
 
     def __init__(
         self,
@@ -96,13 +96,16 @@ class HeaderReader:
         tenant_source = _encoded(tenant_header)
         self._priority_header = _encoded(priority_header)
         self._priority_name = priority_header
-        #: headers that can name the tenant, the first that does wins
-        self._sources = (*([tenant_source] if tenant_source else []), *KEY_HEADERS)
+        names = (*([tenant_source] if tenant_source else []), *KEY_HEADERS)
+        #: headers that can name the tenant, the first that does wins: each with its memo
+        #: and how its value becomes a tenant id
+        self._sources: tuple[tuple[bytes, dict[int, Ticket], Callable[[bytes], str]], ...] = tuple(
+            (name, {}, _TENANT_OF.get(name, _tenant_named)) for name in names
+        )
         self._names = frozenset(
-            name for name in (*self._sources, self._priority_header) if name is not None
+            name for name in (*names, self._priority_header) if name is not None
         )
         self._default = ticket(default_tenant, default_priority)
-        self._memos: dict[bytes, dict[int, Ticket]] = {name: {} for name in self._sources}
 
     def ticket(self, headers: Iterable[tuple[bytes, bytes]]) -> Ticket:
         """The ticket of a request with these raw ASGI headers (lower-case names).
@@ -119,14 +122,13 @@ class HeaderReader:
         if found is None:
             return self._default
         result = self._default
-        for source in self._sources:
+        for source, memo, tenant_of in self._sources:
             named = found.get(source)
             if named:
-                memo = self._memos[source]
                 key = hash(named)
                 known = memo.get(key)
                 if known is None:
-                    tenant = _TENANT_OF.get(source, _tenant_named)(named)
+                    tenant = tenant_of(named)
                     known = ticket(tenant, self._default.priority) if tenant else _NONE
                     if len(memo) >= MEMO_SIZE:
                         memo.clear()

@@ -211,9 +211,9 @@ async def _reasserted(pod: RedisBackend, n: int) -> bool:
 
 async def test_cross_pod_fairness_does_not_depend_on_where_requests_land(pods: Pods) -> None:
     """Tenant a sends through three pods, b through one; equal weights, both backlogged:
-    each holds half the seats."""
+    each gets half the grants (every grant holds its seat equally long)."""
     gateways = [await pods.start(global_max_in_flight=8, max_queue=10_000) for _ in range(3)]
-    held: dict[str, float] = {"a": 0.0, "b": 0.0}
+    held: dict[str, int] = {"a": 0, "b": 0}
     stop_at = time.monotonic() + 2.0
 
     async def client(gateway: Gateway, tenant: str) -> None:
@@ -222,9 +222,8 @@ async def test_cross_pod_fairness_does_not_depend_on_where_requests_land(pods: P
                 permit = await gateway.scheduler.acquire(Ticket(tenant))
             except Rejected:
                 continue
-            began = time.monotonic()
+            held[tenant] += 1
             await asyncio.sleep(0.01)
-            held[tenant] += time.monotonic() - began
             permit.release()
 
     clients = [client(g, "a") for g in gateways for _ in range(8)]

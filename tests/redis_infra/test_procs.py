@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 
 import pytest
 import redis
@@ -81,10 +80,8 @@ def test_pause_makes_commands_time_out_until_resume(own_redis: RedisServer) -> N
     try:
         assert client.ping()
         own_redis.pause()
-        started = time.monotonic()
-        with pytest.raises(redis.TimeoutError):
+        with pytest.raises(redis.TimeoutError):  # raised at all: the client did not hang
             client.ping()
-        assert time.monotonic() - started < 5 * SHORT_S
         own_redis.resume()
         assert client.ping()
     finally:
