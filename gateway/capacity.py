@@ -48,6 +48,10 @@ class Capacity:
             else:
                 self._polled.append(index)
         self._announced = self._announced_minimum()
+        #: the limit itself while every provider announces its changes, kept current by
+        #: those announcements; None while some provider must be read on every decision
+        #: (then call ``current()``). Readers on the request path check this first.
+        self.settled = self._announced if not self._polled else None
 
     @property
     def providers(self) -> dict[str, CapacityProvider]:
@@ -75,6 +79,8 @@ class Capacity:
     def _changed(self, index: int) -> None:
         self._read(index, self._providers[index][1])
         self._announced = self._announced_minimum()
+        if not self._polled:
+            self.settled = self._announced
         for callback in self._subscribers:
             callback()
 

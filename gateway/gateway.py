@@ -205,7 +205,7 @@ class Gateway:
 def _backend_for(settings: Settings, capacity: Capacity, policy: OverflowPolicy) -> CounterBackend:
     """In-process by default; the Redis backend when ``redis_url`` is set."""
     if settings.redis_url is None:
-        return MemoryBackend(settings, limit=capacity.current, policy=policy)
+        return MemoryBackend(settings, capacity=capacity, policy=policy)
     from gateway.backends.redis import RedisBackend  # redis-py loads only in cluster mode
 
     return RedisBackend(settings, limit=capacity.current, policy=policy)

@@ -341,6 +341,21 @@ def _check_priority(settings: Settings, name: str, value: Any) -> str:
     return str(value)
 
 
+#: Where the built-in classifier looks for an API key, in this order.
+API_KEY_HEADERS = ("authorization", "x-api-key", "api-key")
+
+
+def _check_priority_header(settings: Settings, name: str, value: Any) -> str:
+    header = _check_required_header(settings, name, value)
+    if header == settings.tenant_header or header in API_KEY_HEADERS:
+        raise settings.error(
+            name,
+            value,
+            f"{header!r} already names the tenant; choose a header of its own, e.g. x-priority",
+        )
+    return header
+
+
 def _check_bool(settings: Settings, name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise settings.error(name, value, "expected True or False")
@@ -521,7 +536,7 @@ _SPECS: dict[str, _Spec] = {
         _spec("default_tenant_weight", _env_float, _check_weight),
         _spec("tenant_max_in_flight", _env_caps, _check_caps),
         _spec("default_tenant", _env_text, _check_name),
-        _spec("priority_header", _env_text, _check_required_header),
+        _spec("priority_header", _env_text, _check_priority_header),
         _spec("trust_priority_header", _env_bool, _check_bool),
         _spec("default_priority", _env_text, _check_priority),
         _spec("max_body_bytes", _env_int, _check_int(1)),

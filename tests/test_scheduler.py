@@ -104,6 +104,50 @@ def test_limit_is_the_minimum_of_the_providers() -> None:
     assert gateway.capacity.current() == 2
 
 
+@pytest.mark.parametrize("polled", [False, True])
+def test_free_seats_read_the_limit_on_every_take(polled: bool) -> None:
+    """The fast path follows the limit the moment it changes: an announced change
+    (set_capacity, up or down), alone or next to a provider read on every decision whose
+    new value nobody announces."""
+    values = {"x": 10}
+
+    class Plugin:
+        @hookimpl
+        def obleth_capacity_providers(self) -> dict[str, object]:
+            class Polled:  # no subscribe()
+                def max_in_flight(self) -> int:
+                    return values["x"]
+
+            return {"polled": lambda settings: Polled()}
+
+    async def scenario() -> None:
+        providers = ["static", "polled"] if polled else ["static"]
+        gateway = Gateway(
+            Settings(capacity_providers=providers, global_max_in_flight=1),
+            plugins=[Plugin()],
+            entry_points=False,
+        )
+        await gateway.start()
+        seats = gateway.scheduler.free_seats
+        assert seats is not None
+        assert seats.take(Ticket("a")) and not seats.take(Ticket("b"))
+        gateway.set_capacity(3)
+        assert seats.take(Ticket("b"))
+        gateway.set_capacity(2)
+        assert not seats.take(Ticket("c"))
+        gateway.set_capacity(3)
+        if polled:
+            values["x"] = 2
+            assert not seats.take(Ticket("c"))
+            values["x"] = 10
+        assert seats.take(Ticket("c"))
+        for tenant in "abc":
+            seats.give_back(Ticket(tenant))
+        assert_drained(gateway)
+
+    run(scenario)
+
+
 def test_free_seats_grant_only_what_the_full_path_would_grant_at_once() -> None:
     """The fast path never barges past a waiter, never crosses the limit or a tenant's
     cap, and a seat it gives back goes to the waiter; the scheduler counts both paths."""

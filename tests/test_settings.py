@@ -104,6 +104,12 @@ def test_bad_environment_names_the_variable_value_and_fix(
         ({"max_queue": -1}, "max_queue=-1", "at least 0"),
         ({"capacity_providers": []}, "capacity_providers=[]", "at least one"),
         ({"tenant_header": "bad header"}, "tenant_header='bad header'", "header name"),
+        (
+            {"tenant_header": "x-team", "priority_header": "X-Team"},
+            "priority_header='X-Team'",
+            "already names the tenant",
+        ),
+        ({"priority_header": "authorization"}, "priority_header=", "a header of its own"),
         ({"global_max_inflight": 3}, "global_max_inflight=3", "did you mean global_max_in_flight"),
     ],
 )

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from gateway.asgi.body import RequestBody
 from gateway.asgi.lifespan import run_lifespan
 from gateway.asgi.responses import send_bad_request, send_json_error, send_rejection
+from gateway.builtin.classifier import reader_for
 from gateway.core.tickets import Ticket
 from gateway.core.tickets import ticket as make_ticket
 from gateway.errors import BadRequest, Disconnected, Rejected, Unroutable
@@ -59,6 +60,8 @@ class GatewayMiddleware:
         config = self.gateway.settings
         self._exempt = frozenset(config.exempt_paths)
         self._exempt_prefixes = tuple(path + "/" for path in config.exempt_paths if path != "/")
+        #: every exempt path starts with one of these: one cheap test for most requests
+        self._exempt_starts = tuple(config.exempt_paths)
         self._max_body = config.max_body_bytes
         self._default = Classification(config.default_tenant, config.default_priority)
         self._plugins = self.gateway.plugins
@@ -67,73 +70,88 @@ class GatewayMiddleware:
         self._observes = self._plugins.observes
         self._router = self.gateway.router
         self._reads_body = self._plugins.wants_body or self._router is not None
-        # with nobody to tell and nothing to route, a free seat is taken and given back
-        # without a Permit: the try/finally around the app is the one release
-        plain = not self._observes and self._router is None
-        self._plain_seats = self._scheduler.free_seats if plain else None
+        # with nobody to tell, nothing to route and the built-in classifier reading headers
+        # alone, a free seat is taken and given back without a Permit: the try/finally
+        # around the app is the one release
+        fast = not self._observes and not self._reads_body and self._header_reader is not None
+        self._fast_seats = self._scheduler.free_seats if fast else None
+        #: the built-in classifier, read directly while ``_fast_seats`` is set
+        self._fast_reader = self._header_reader or reader_for(config)
         self._session_header = config.session_header.encode("latin-1")
         self._block_bytes = config.prefix_block_bytes
         self._upstream_header = config.upstream_header
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "lifespan":
-            await run_lifespan(self.gateway, self.app, scope, receive, send)
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await run_lifespan(self.gateway, self.app, scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
-        if kind != "http" or path in self._exempt or path.startswith(self._exempt_prefixes):
+        path = scope["path"]
+        if path.startswith(self._exempt_starts) and (
+            path in self._exempt or path.startswith(self._exempt_prefixes)
+        ):
             await self.app(scope, receive, send)
             return
         if not self.gateway.started:
             await self.gateway.start()
+        seats = self._fast_seats
+        if seats is None:
+            await self._admit(scope, receive, send, None)
+            return
         # the fast path: classified from headers alone, a seat free and nobody waiting
+        try:
+            ticket = self._fast_reader.ticket(scope["headers"])
+        except BadRequest as exc:
+            await send_bad_request(send, exc)
+            return
+        if not seats.take(ticket):
+            await self._admit(scope, receive, send, ticket)
+            return
+        state = scope.get("state")
+        if state is None:
+            state = scope["state"] = {}
+        state["obleth"] = {"tenant": ticket.tenant, "priority": ticket.priority, "waited_s": 0.0}
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            seats.give_back(ticket)
+
+    async def _admit(
+        self, scope: Scope, receive: Receive, send: Send, ticket: Ticket | None
+    ) -> None:
+        """Every request the fast path did not take: classify (unless ``ticket`` is
+        known), read the body when needed, wait for seats or answer 503/429, then run."""
         plugins = self._plugins
         body: RequestBody | None = None
         payload = None
+        classification = None
         try:
             if self._reads_body and _has_json_body(scope):
                 body = RequestBody(receive, self._max_body)
                 payload = await body.read()
-            classification = None
-            if self._header_reader is not None:
-                ticket = self._header_reader.ticket(scope["headers"])
-            else:
-                classification = plugins.classify(scope, payload) or self._default
-                ticket = make_ticket(classification.tenant, classification.priority)
+            if ticket is None:
+                if self._header_reader is not None:
+                    ticket = self._header_reader.ticket(scope["headers"])
+                else:
+                    classification = plugins.classify(scope, payload) or self._default
+                    ticket = make_ticket(classification.tenant, classification.priority)
         except BadRequest as exc:
             await send_bad_request(send, exc)
             return
         except Disconnected:
             return
-        seats = self._plain_seats
-        permit: Permit | None = None
-        if seats is None or not seats.take(ticket):
-            permit = self._scheduler.try_acquire(ticket) if seats is None else None
-            if permit is None:
-                if body is None:
-                    body = RequestBody(receive, self._max_body)
-                permit = await self._wait_for_seat(ticket, scope, body, send)
-                if permit is None:
-                    return
-            elif self._observes:
-                plugins.admitted(_info(ticket, scope), 0.0)
-        state = scope.get("state")
-        if state is None:
-            state = scope["state"] = {}
-        waited_s = 0.0 if permit is None else permit.waited_s
-        state["obleth"] = {
-            "tenant": ticket.tenant,
-            "priority": ticket.priority,
-            "waited_s": waited_s,
-        }
+        permit = self._scheduler.try_acquire(ticket)
         if permit is None:
-            # a free seat taken without a Permit: this finally is its one release
-            assert seats is not None
-            try:
-                await self.app(scope, receive if body is None else body.replay, send)
-            finally:
-                seats.give_back(ticket)
-            return
+            if body is None:
+                body = RequestBody(receive, self._max_body)
+            permit = await self._wait_for_seat(ticket, scope, body, send)
+            if permit is None:
+                return
+        elif self._observes:
+            plugins.admitted(_info(ticket, scope), 0.0)
+        _record(scope, ticket, permit.waited_s)
         if self._router is not None:
             await self._run_routed(scope, receive, send, body, payload, classification, permit)
             return
@@ -270,6 +288,14 @@ def _ending_at_last_byte(send: Send, decision: Decision, permit: Permit, name: b
             permit.release()
 
     return send_and_end
+
+
+def _record(scope: Scope, ticket: Ticket, waited_s: float) -> None:
+    """What the app can read about its admitted request, in ``scope["state"]["obleth"]``."""
+    state = scope.get("state")
+    if state is None:
+        state = scope["state"] = {}
+    state["obleth"] = {"tenant": ticket.tenant, "priority": ticket.priority, "waited_s": waited_s}
 
 
 def _info(ticket: Ticket, scope: Scope) -> RequestInfo:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from gateway.capacity import Capacity
 from gateway.core.admission import Granted, Queued, admit, dispatch
 from gateway.core.fairqueue import FairQueue, Waiter
 from gateway.core.tickets import Ticket
@@ -20,15 +21,13 @@ from gateway.settings import Settings
 class MemoryBackend:
     """Seats and the fair queue in this process; see ``gateway.protocols.CounterBackend``."""
 
-    def __init__(
-        self, settings: Settings, *, limit: Callable[[], int], policy: OverflowPolicy
-    ) -> None:
+    def __init__(self, settings: Settings, *, capacity: Capacity, policy: OverflowPolicy) -> None:
         self._settings = settings
-        self._limit = limit
+        self._limit = capacity.current
         self._decide = policy.decide
         self._queue = fair_queue_for(settings)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.free_seats = LocalSeats(self._queue, limit, self._dispatch)
+        self.free_seats = LocalSeats(self._queue, capacity, self._dispatch)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -108,37 +107,52 @@ class MemoryBackend:
 class LocalSeats:
     """``FreeSeats`` of the in-process backend: the request path's one trip to the queue.
 
-    Each call is one frame over the fair queue's counters, with the limit read every time:
-    this runs twice per request on the fast path.
+    It runs twice per request, so each call is one frame: while nobody waits the fair
+    queue has no dispatch keys to update, and its counters are moved here directly. The
+    limit is read every time (the announced value when every provider announces).
     """
 
-    __slots__ = ("_dispatch", "_limit", "_queue", "given_back", "taken")
+    __slots__ = ("_capacity", "_dispatch", "_queue", "given_back", "taken")
 
-    def __init__(
-        self, queue: FairQueue, limit: Callable[[], int], dispatch: Callable[[], None]
-    ) -> None:
+    def __init__(self, queue: FairQueue, capacity: Capacity, dispatch: Callable[[], None]) -> None:
         self._queue = queue
-        self._limit = limit
+        self._capacity = capacity
         self._dispatch = dispatch
         self.taken = 0
         self.given_back = 0
 
     def take(self, ticket: Ticket) -> bool:
         queue = self._queue
-        if queue.queued or queue.inflight + ticket.seats > self._limit():
+        seats = ticket.seats
+        limit = self._capacity.settled
+        if limit is None:
+            limit = self._capacity.current()
+        if queue.queued or queue.inflight + seats > limit:
             return False
         if queue.capped and queue.over_cap(ticket):
             return False
-        queue.take(ticket)
+        queue.inflight += seats
+        held = queue.held
+        tenant = ticket.tenant
+        held[tenant] = held.get(tenant, 0) + seats
         self.taken += 1
         return True
 
     def give_back(self, ticket: Ticket) -> None:
         self.given_back += 1
         queue = self._queue
-        queue.release(ticket)
         if queue.queued:
+            queue.release(ticket)
             self._dispatch()
+            return
+        tenant, seats = ticket.tenant, ticket.seats
+        queue.inflight -= seats
+        held = queue.held
+        left = held[tenant] - seats
+        if left:
+            held[tenant] = left
+        else:
+            del held[tenant]
 
     def _release(self, permit: Permit) -> None:
         self.give_back(permit.ticket)

@@ -18,7 +18,7 @@ from gateway.core.tickets import PRIORITIES, Priority, Ticket, ticket
 from gateway.errors import BadRequest
 from gateway.hookimpl import hookimpl
 from gateway.protocols import Classification
-from gateway.settings import Settings
+from gateway.settings import API_KEY_HEADERS, Settings
 from gateway.types import Scope
 
 # a tuple built in C: a named tuple's own __new__ is slow
@@ -26,7 +26,7 @@ _classification = functools.partial(tuple.__new__, Classification)
 _KEY_HASH = hashlib.blake2b(digest_size=8, person=b"obleth-tenant")
 
 #: Where an API key is looked for, in this order.
-KEY_HEADERS = (b"authorization", b"x-api-key", b"api-key")
+KEY_HEADERS = tuple(name.encode("latin-1") for name in API_KEY_HEADERS)
 
 #: How many header values each memo holds before it starts over. Two values share an
 #: entry only if their 64-bit hashes collide, which the process's secret hash salt makes
@@ -61,7 +61,7 @@ def _tenant_of_authorization(value: bytes) -> str:
 
 
 def _tenant_of_api_key(value: bytes) -> str:
-    return tenant_of_key(value.decode("latin-1"))
+    return tenant_of_key(value.decode("latin-1")) if value else ""
 
 
 #: How each header that can name the tenant turns into a tenant id ("" when it names none).
@@ -84,7 +84,14 @@ class HeaderReader:
     threads: a memo is only ever read, added to or cleared, each one step.
     """
 
-    __slots__ = ("_default", "_names", "_priority_header", "_priority_name", "_sources")
+    __slots__ = (
+        "_default",
+        "_priority_header",
+        "_priority_name",
+        "_reads",
+        "_sources",
+        "_tenant_of",
+    )
 
     def __init__(
         self,
@@ -97,14 +104,16 @@ class HeaderReader:
         self._priority_header = _encoded(priority_header)
         self._priority_name = priority_header
         names = (*([tenant_source] if tenant_source else []), *KEY_HEADERS)
-        #: headers that can name the tenant, the first that does wins: each with its memo
-        #: and how its value becomes a tenant id
-        self._sources: tuple[tuple[bytes, dict[int, Ticket], Callable[[bytes], str]], ...] = tuple(
-            (name, {}, _TENANT_OF.get(name, _tenant_named)) for name in names
-        )
-        self._names = frozenset(
-            name for name in (*names, self._priority_header) if name is not None
-        )
+        #: headers that can name the tenant, in order: the first that does wins
+        self._sources = names
+        #: how each of them becomes a tenant id
+        self._tenant_of = {name: _TENANT_OF.get(name, _tenant_named) for name in names}
+        #: every header read, with the tickets its recent values led to (None for the
+        #: priority header)
+        self._reads: dict[bytes, dict[int, Ticket] | None] = {name: {} for name in names}
+        if self._priority_header is not None:
+            # settings keep it apart from every header that names the tenant
+            self._reads[self._priority_header] = None
         self._default = ticket(default_tenant, default_priority)
 
     def ticket(self, headers: Iterable[tuple[bytes, bytes]]) -> Ticket:
@@ -112,27 +121,37 @@ class HeaderReader:
 
         Raises ``BadRequest`` for a priority header, when trusted, that names no priority.
         """
-        names = self._names
-        found: dict[bytes, bytes] | None = None
+        # nearly every request carries one of the headers read, once: it is answered from
+        # that header alone; two or more (or one twice) take the general rules
+        reads = self._reads
+        seen: bytes | None = None
+        seen_value = b""
         for name, value in headers:
-            if name in names:
-                if found is None:
-                    found = {}
-                found[name] = value  # the last of repeated headers counts
-        if found is None:
+            if name in reads:
+                if seen is not None:
+                    return self._from_several(headers)
+                seen, seen_value = name, value
+        if seen is None:
             return self._default
+        memo = reads[seen]
+        if memo is None:  # the priority header alone
+            return self._with_priority(self._default, seen_value)
+        known = memo.get(hash(seen_value))
+        if known is None:
+            known = self._learn(seen, seen_value)
+        return self._default if known is _NONE else known
+
+    def _from_several(self, headers: Iterable[tuple[bytes, bytes]]) -> Ticket:
+        reads = self._reads
+        found = {name: value for name, value in headers if name in reads}  # the last counts
         result = self._default
-        for source, memo, tenant_of in self._sources:
+        for source in self._sources:
             named = found.get(source)
-            if named:
-                key = hash(named)
-                known = memo.get(key)
+            memo = reads[source]
+            if named is not None and memo is not None:
+                known = memo.get(hash(named))
                 if known is None:
-                    tenant = tenant_of(named)
-                    known = ticket(tenant, self._default.priority) if tenant else _NONE
-                    if len(memo) >= MEMO_SIZE:
-                        memo.clear()
-                    memo[key] = known
+                    known = self._learn(source, named)
                 if known is not _NONE:
                     result = known
                     break
@@ -140,10 +159,23 @@ class HeaderReader:
         if header is not None:
             claimed = found.get(header)
             if claimed is not None:
-                priority = self._priority(claimed)
-                if priority != result.priority:
-                    result = ticket(result.tenant, priority)
+                result = self._with_priority(result, claimed)
         return result
+
+    def _learn(self, header: bytes, value: bytes) -> Ticket:
+        """The ticket ``header: value`` leads to, remembered by the value's hash."""
+        memo = self._reads[header]
+        assert memo is not None  # a header that names the tenant
+        tenant = self._tenant_of[header](value)
+        known = ticket(tenant, self._default.priority) if tenant else _NONE
+        if len(memo) >= MEMO_SIZE:
+            memo.clear()
+        memo[hash(value)] = known
+        return known
+
+    def _with_priority(self, result: Ticket, claimed: bytes) -> Ticket:
+        priority = self._priority(claimed)
+        return result if priority == result.priority else ticket(result.tenant, priority)
 
     def read(self, headers: Iterable[tuple[bytes, bytes]]) -> Classification:
         """``ticket(headers)`` as the hook answers it."""
