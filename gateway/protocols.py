@@ -101,8 +101,9 @@ class FreeSeats(PermitOwner, Protocol):
     """The fast path of a backend that decides in process: seats free right now.
 
     ``take(ticket)`` counts the ticket's seats as in flight and answers True when they fit
-    under the limit, nobody waits (no barging past the queue) and the tenant's cap allows;
-    else False, and nothing changed (the caller goes on to ``CounterBackend.acquire``).
+    under the limit, nobody waits (no barging past the queue), the tenant's cap allows and
+    the backend is started; else False, and nothing changed (the caller goes on to
+    ``CounterBackend.acquire``, after starting the gateway if it is not).
     ``give_back(ticket)`` returns seats ``take`` granted and hands them on to waiters; the
     caller guarantees one call per grant. Both are synchronous and never suspend, so the
     request path needs no ``Permit`` for them. ``taken`` and ``given_back`` count the

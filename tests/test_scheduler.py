@@ -104,6 +104,25 @@ def test_limit_is_the_minimum_of_the_providers() -> None:
     assert gateway.capacity.current() == 2
 
 
+def test_free_seats_are_closed_until_start_and_after_stop() -> None:
+    """Before start and after stop the fast path offers nothing: the caller takes the
+    full path, which (in the middleware) starts the gateway first."""
+
+    async def scenario() -> None:
+        gateway = Gateway(Settings(), entry_points=False)
+        seats = gateway.scheduler.free_seats
+        assert seats is not None
+        assert not seats.take(Ticket("a"))
+        await gateway.start()
+        assert seats.take(Ticket("a"))
+        seats.give_back(Ticket("a"))
+        await gateway.stop()
+        assert not seats.take(Ticket("a"))
+        assert_drained(gateway)
+
+    run(scenario)
+
+
 @pytest.mark.parametrize("polled", [False, True])
 def test_free_seats_read_the_limit_on_every_take(polled: bool) -> None:
     """The fast path follows the limit the moment it changes: an announced change

@@ -94,8 +94,6 @@ class GatewayMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        if not self.gateway.started:
-            await self.gateway.start()
         seats = self._fast_seats
         if seats is None:
             await self._admit(scope, receive, send, None)
@@ -123,7 +121,12 @@ class GatewayMiddleware:
         self, scope: Scope, receive: Receive, send: Send, ticket: Ticket | None
     ) -> None:
         """Every request the fast path did not take: classify (unless ``ticket`` is
-        known), read the body when needed, wait for seats or answer 503/429, then run."""
+        known), read the body when needed, wait for seats or answer 503/429, then run.
+
+        A gateway that was never started (no lifespan) or was stopped starts here: its
+        free seats stay closed until then."""
+        if not self.gateway.started:
+            await self.gateway.start()
         plugins = self._plugins
         body: RequestBody | None = None
         payload = None

@@ -31,8 +31,10 @@ class MemoryBackend:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.free_seats.open = True
 
     async def stop(self) -> None:
+        self.free_seats.open = False
         for waiter in list(self._queue.waiters()):
             self._queue.remove(waiter)
             _fail(waiter, self._reject("queue_full"))
@@ -109,10 +111,12 @@ class LocalSeats:
 
     It runs twice per request, so each call is one frame: while nobody waits the fair
     queue has no dispatch keys to update, and its counters are moved here directly. The
-    limit is read every time (the announced value when every provider announces).
+    limit is read every time (the announced value when every provider announces). No
+    seat is free while the backend is not started (``open`` is False): callers then take
+    the full path, which starts it.
     """
 
-    __slots__ = ("_capacity", "_dispatch", "_queue", "given_back", "taken")
+    __slots__ = ("_capacity", "_dispatch", "_queue", "given_back", "open", "taken")
 
     def __init__(self, queue: FairQueue, capacity: Capacity, dispatch: Callable[[], None]) -> None:
         self._queue = queue
@@ -120,6 +124,7 @@ class LocalSeats:
         self._dispatch = dispatch
         self.taken = 0
         self.given_back = 0
+        self.open = False
 
     def take(self, ticket: Ticket) -> bool:
         queue = self._queue
@@ -127,7 +132,7 @@ class LocalSeats:
         limit = self._capacity.settled
         if limit is None:
             limit = self._capacity.current()
-        if queue.queued or queue.inflight + seats > limit:
+        if queue.queued or queue.inflight + seats > limit or not self.open:
             return False
         if queue.capped and queue.over_cap(ticket):
             return False

@@ -325,3 +325,21 @@ def test_lifespan_is_wrapped_so_the_apps_own_startup_still_runs() -> None:
         assert not gw.gateway.started
 
     run(scenario)
+
+
+def test_a_gateway_not_started_or_stopped_starts_on_the_next_request() -> None:
+    """Without lifespan, or after it stopped the gateway, the next request starts it and
+    is served through the gate like any other."""
+
+    async def scenario() -> None:
+        gw = GatewayMiddleware(Echo(), Settings())
+        for _ in range(2):
+            assert not gw.gateway.started
+            client = Client()
+            await gw(http_scope(), client.receive, client.send)
+            assert client.status == 200 and gw.gateway.started
+            await gw.gateway.stop()
+        scheduler = gw.gateway.scheduler
+        assert scheduler.admitted == scheduler.released == 2
+
+    run(scenario)
