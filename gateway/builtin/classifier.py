@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from gateway.core.tickets import PRIORITIES, Priority, Ticket, ticket
 from gateway.errors import BadRequest
@@ -126,10 +126,11 @@ class HeaderReader:
         reads = self._reads
         seen: bytes | None = None
         seen_value = b""
-        for name, value in headers:
+        rest = iter(headers)
+        for name, value in rest:
             if name in reads:
                 if seen is not None:
-                    return self._from_several(headers)
+                    return self._from_several({seen: seen_value, name: value}, rest)
                 seen, seen_value = name, value
         if seen is None:
             return self._default
@@ -141,9 +142,14 @@ class HeaderReader:
             known = self._learn(seen, seen_value)
         return self._default if known is _NONE else known
 
-    def _from_several(self, headers: Iterable[tuple[bytes, bytes]]) -> Ticket:
+    def _from_several(
+        self, found: dict[bytes, bytes], rest: Iterator[tuple[bytes, bytes]]
+    ) -> Ticket:
+        """The general rules, for the headers ``found`` so far and the ``rest``."""
         reads = self._reads
-        found = {name: value for name, value in headers if name in reads}  # the last counts
+        for name, value in rest:
+            if name in reads:
+                found[name] = value  # the last of repeated headers counts
         result = self._default
         for source in self._sources:
             named = found.get(source)
