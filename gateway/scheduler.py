@@ -58,7 +58,8 @@ class Scheduler:
         return self._released + (seats.given_back if seats is not None else 0)
 
     def try_acquire(self, ticket: Ticket) -> Permit | None:
-        """A permit if seats are free now and nobody waits; else None (call ``acquire``)."""
+        """A permit if seats are free now, nobody waits and the backend has started; else
+        None (call ``acquire``)."""
         seats = self.free_seats
         if seats is None or not seats.take(ticket):
             return None
