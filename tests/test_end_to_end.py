@@ -11,6 +11,7 @@ import httpx
 
 from gateway import GatewayMiddleware, Settings
 from gateway.loopback import serve_in_thread
+from gateway.proxy.client import KEEPALIVE_EXPIRY_S
 from gateway.sim import SimConfig, create_app
 
 LIMIT = 12
@@ -31,7 +32,7 @@ def test_backend_never_sees_more_than_the_limit_across_500_concurrent_requests()
     )
 
     async def drive(url: str) -> Counter[int]:
-        limits = httpx.Limits(max_connections=500)
+        limits = httpx.Limits(max_connections=500, keepalive_expiry=KEEPALIVE_EXPIRY_S)
         async with httpx.AsyncClient(
             base_url=url, limits=limits, timeout=60, trust_env=False
         ) as http:

@@ -17,6 +17,7 @@ from gateway.demo.load import Tally, WaitRecorder, run_client
 from gateway.demo.table import live_table, summary
 from gateway.demo.tenants import TenantLoad
 from gateway.loopback import serve_in_task
+from gateway.proxy.client import KEEPALIVE_EXPIRY_S
 from gateway.settings import Settings
 from gateway.sim import SimConfig, create_app
 
@@ -56,7 +57,11 @@ async def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
 
     async with serve_in_task(app) as server:
         clients = sum(t.clients for t in options.tenants)
-        limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+        limits = httpx.Limits(
+            max_connections=clients + 8,
+            max_keepalive_connections=clients + 8,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,  # before the server closes an idle one
+        )
         async with httpx.AsyncClient(
             base_url=server.url, limits=limits, timeout=60.0, trust_env=False
         ) as http:

@@ -38,6 +38,8 @@ from typing import Any, Self
 
 import httpx
 
+from gateway.proxy.client import KEEPALIVE_EXPIRY_S
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 Stats = dict[str, Any]
@@ -566,7 +568,11 @@ async def drive(
         return result
     started = time.monotonic()
     indices = iter(range(requests))
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    limits = httpx.Limits(
+        max_connections=concurrency,
+        max_keepalive_connections=concurrency,
+        keepalive_expiry=KEEPALIVE_EXPIRY_S,  # before the pods close an idle connection
+    )
     async with httpx.AsyncClient(trust_env=False, timeout=request_timeout_s, limits=limits) as http:
 
         async def one(i: int) -> None:

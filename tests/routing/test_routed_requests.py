@@ -19,6 +19,7 @@ from gateway.asgi.middleware import GatewayMiddleware
 from gateway.gateway import Gateway
 from gateway.loopback import RunningServer, serve_in_task, serve_in_thread
 from gateway.proxy import ProxyApp
+from gateway.proxy.client import KEEPALIVE_EXPIRY_S
 from gateway.routing.router import Decision
 from gateway.settings import Settings
 from gateway.sim import SimConfig, create_app
@@ -185,7 +186,9 @@ def only(counts: Mapping[str, int], upstream: str, n: int = 1) -> dict[str, int]
 
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    limits = httpx.Limits(
+        max_connections=200, max_keepalive_connections=200, keepalive_expiry=KEEPALIVE_EXPIRY_S
+    )
     async with httpx.AsyncClient(trust_env=False, timeout=WAIT_S, limits=limits) as client:
         yield client
 
