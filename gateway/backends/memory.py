@@ -109,11 +109,9 @@ class MemoryBackend:
 class LocalSeats:
     """``FreeSeats`` of the in-process backend: the request path's one trip to the queue.
 
-    It runs twice per request, so each call is one frame: while nobody waits the fair
-    queue has no dispatch keys to update, and its counters are moved here directly. The
-    limit is read every time (the announced value when every provider announces). No
-    seat is free while the backend is not started (``open`` is False): callers then take
-    the full path, which starts it.
+    It runs twice per request. The limit is read every time (the announced value when
+    every provider announces, without a call). No seat is free while the backend is not
+    started (``open`` is False): callers then take the full path, which starts it.
     """
 
     __slots__ = ("_capacity", "_dispatch", "_queue", "given_back", "open", "taken")
@@ -136,28 +134,16 @@ class LocalSeats:
             return False
         if queue.capped and queue.over_cap(ticket):
             return False
-        queue.inflight += seats
-        held = queue.held
-        tenant = ticket.tenant
-        held[tenant] = held.get(tenant, 0) + seats
+        queue.take(ticket)
         self.taken += 1
         return True
 
     def give_back(self, ticket: Ticket) -> None:
         self.given_back += 1
         queue = self._queue
+        queue.release(ticket)
         if queue.queued:
-            queue.release(ticket)
             self._dispatch()
-            return
-        tenant, seats = ticket.tenant, ticket.seats
-        queue.inflight -= seats
-        held = queue.held
-        left = held[tenant] - seats
-        if left:
-            held[tenant] = left
-        else:
-            del held[tenant]
 
     def _release(self, permit: Permit) -> None:
         self.give_back(permit.ticket)

@@ -97,9 +97,7 @@ class FairQueue:
         self._default_cap = default_cap
         #: whether any tenant has a cap (else the check is skipped)
         self.capped = bool(self._caps) or default_cap is not None
-        #: seats in flight per tenant (a tenant holding none is absent); while nobody
-        #: waits, the in-process fast path moves it and ``inflight`` itself
-        self.held: dict[str, int] = {}
+        self._tenant_inflight: dict[str, int] = {}
         self._tenant_queued: dict[str, int] = {}
         self._rank_queued = [0 for _ in _RANKS]
         self._queues: list[dict[str, deque[Waiter]]] = [{} for _ in _RANKS]
@@ -120,14 +118,14 @@ class FairQueue:
         return self._caps.get(tenant, self._default_cap)
 
     def tenant_inflight(self, tenant: str) -> int:
-        return self.held.get(tenant, 0)
+        return self._tenant_inflight.get(tenant, 0)
 
     def tenant_queued(self, tenant: str) -> int:
         return self._tenant_queued.get(tenant, 0)
 
     def tenants(self) -> set[str]:
         """Tenants holding seats or waiting right now."""
-        return set(self.held) | set(self._tenant_queued)
+        return set(self._tenant_inflight) | set(self._tenant_queued)
 
     def queued_by_class(self, tenant: str) -> dict[str, int]:
         return {
@@ -165,7 +163,7 @@ class FairQueue:
         """Count ``ticket``'s seats as in flight (a grant decided by the caller)."""
         tenant, seats = ticket.tenant, ticket.seats
         self.inflight += seats
-        held = self.held
+        held = self._tenant_inflight
         held[tenant] = held.get(tenant, 0) + seats
         if self.queued:  # with nobody waiting there are no keys to update
             self._rekey(tenant)
@@ -174,7 +172,7 @@ class FairQueue:
         """Give back the seats of a granted ticket; the caller then dispatches."""
         tenant, seats = ticket.tenant, ticket.seats
         self.inflight -= seats
-        held = self.held
+        held = self._tenant_inflight
         left = held[tenant] - seats
         if left:
             held[tenant] = left
@@ -230,7 +228,7 @@ class FairQueue:
             self._forget_waiter(rank, tenant)
             self._drop_dead_heads(rank, tenant)
             self.inflight += head.ticket.seats
-            held = self.held
+            held = self._tenant_inflight
             held[tenant] = held.get(tenant, 0) + head.ticket.seats
             self._rekey(tenant)
             return head
@@ -276,7 +274,7 @@ class FairQueue:
 
     def _rekey(self, tenant: str) -> None:
         """Re-file ``tenant`` in every class's heaps after its seats or queue changed."""
-        inflight = self.held.get(tenant, 0)
+        inflight = self._tenant_inflight.get(tenant, 0)
         weight = self._weights.get(tenant, self._default_weight)
         load = (inflight + self._tenant_queued.get(tenant, 0)) / weight
         for rank in _RANKS:
