@@ -226,13 +226,19 @@ def _env_list(key: str, text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def _env_weights(key: str, text: str) -> dict[str, float]:
-    try:
-        return parse_weights(text)
-    except WeightSyntaxError as exc:
-        raise ConfigError(
-            key, text, f"{exc}; expected tenant:weight pairs like gold:4,free:1"
-        ) from None
+def _env_pairs(expected: str) -> Callable[[str, str], dict[str, float]]:
+    """A parser of ``name:weight,...`` whose error says what was ``expected``."""
+
+    def parse(key: str, text: str) -> dict[str, float]:
+        try:
+            return parse_weights(text)
+        except WeightSyntaxError as exc:
+            raise ConfigError(key, text, f"{exc}; {expected}") from None
+
+    return parse
+
+
+_env_weights = _env_pairs("expected tenant:weight pairs like gold:4,free:1")
 
 
 def _env_caps(key: str, text: str) -> int | dict[str, int] | None:
@@ -452,18 +458,13 @@ def _check_routing_policy(settings: Settings, name: str, value: Any) -> str:
     return str(value)
 
 
-def _env_scorers(key: str, text: str) -> dict[str, float]:
-    try:
-        return parse_weights(text)
-    except WeightSyntaxError as exc:
-        raise ConfigError(
-            key, text, f"{exc}; expected scorer:weight pairs like prefix-affinity:5,queue-depth:1"
-        ) from None
+_SCORERS_EXPECTED = "expected scorer:weight pairs like prefix-affinity:5,queue-depth:1"
+_env_scorers = _env_pairs(_SCORERS_EXPECTED)
 
 
 def _check_scorers(settings: Settings, name: str, value: Any) -> Mapping[str, float]:
     """Syntax here; whether each scorer is installed is checked when plugins are loaded."""
-    example = "expected scorer:weight pairs like prefix-affinity:5,queue-depth:1"
+    example = _SCORERS_EXPECTED
     try:
         if isinstance(value, str):
             weights = parse_weights(value)

@@ -60,8 +60,6 @@ class GatewayMiddleware:
         config = self.gateway.settings
         self._exempt = frozenset(config.exempt_paths)
         self._exempt_prefixes = tuple(path + "/" for path in config.exempt_paths if path != "/")
-        #: every exempt path starts with one of these: one cheap test for most requests
-        self._exempt_starts = tuple(config.exempt_paths)
         self._max_body = config.max_body_bytes
         self._default = Classification(config.default_tenant, config.default_priority)
         self._plugins = self.gateway.plugins
@@ -89,9 +87,7 @@ class GatewayMiddleware:
                 await self.app(scope, receive, send)
             return
         path = scope["path"]
-        if path.startswith(self._exempt_starts) and (
-            path in self._exempt or path.startswith(self._exempt_prefixes)
-        ):
+        if path in self._exempt or path.startswith(self._exempt_prefixes):
             await self.app(scope, receive, send)
             return
         seats = self._fast_seats

@@ -32,8 +32,3 @@ def test_the_route_is_read_from_the_scope_state_when_it_is_reroutable(
     if state is not None:
         scope["state"] = state
     assert route_of(scope) is found
-
-
-def test_the_test_route_satisfies_the_protocol() -> None:
-    """``FakeRoute`` is a faithful stand-in: it is what the proxy accepts as a route."""
-    assert isinstance(ROUTE, Reroutable)

@@ -13,6 +13,7 @@ import pytest
 
 from gateway import Gateway, Settings, hookimpl
 from gateway.errors import Unroutable
+from gateway.proxy import route_of
 from gateway.routing.readings import Reading
 from gateway.routing.request import RouteRequest, blocks_of, prompt_text
 from gateway.routing.router import Decision, Router
@@ -307,6 +308,15 @@ def test_reroute_moves_the_request_down_the_ranking() -> None:
     assert in_flight(gw) == {first: 0, second: 0, third: 1}
     assert decision.finish() is True
     assert in_flight(gw) == dict.fromkeys([A, B, C], 0)
+
+
+def test_the_decision_is_a_route_the_proxy_follows() -> None:
+    """What the router leaves in the scope state is what the proxy reads as the route."""
+    gw = gateway([A, B])
+    all_scraped(gw, [A, B])
+    decision = route(gw, LONG_PROMPT)
+    assert route_of({"type": "http", "state": {"obleth": {"route": decision}}}) is decision
+    decision.finish()
 
 
 def test_reroute_after_finish_does_nothing() -> None:
