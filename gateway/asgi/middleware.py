@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
 
 from gateway.asgi.body import RequestBody
 from gateway.asgi.lifespan import run_lifespan
@@ -29,6 +31,12 @@ from gateway.types import ASGIApp, Message, Receive, Scope, Send
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
+#: ``scope["state"]["obleth"]``: read-only, so one record can serve many requests
+Record = Mapping[str, object]
+
+#: How many distinct paths (and tickets) the request path remembers before it starts over.
+_REMEMBERED = 1024
+
 
 class GatewayMiddleware:
     """Admission control for an ASGI app.
@@ -37,8 +45,8 @@ class GatewayMiddleware:
     ``settings=`` or a ready ``gateway=`` may be given instead. Configuration and plugin
     errors are raised here, when the middleware is built, not on a request.
 
-    What the app can rely on: ``scope["state"]["obleth"]`` holds ``tenant``, ``priority``
-    and ``waited_s`` of the admitted request; the body it receives is the one the client
+    What the app can rely on: ``scope["state"]["obleth"]``, a read-only mapping, holds
+    ``tenant``, ``priority`` and ``waited_s`` of the admitted request; the body it receives is the one the client
     sent, byte for byte. When upstreams are configured it also holds ``upstream`` (the
     base URL chosen), ``scores`` (why) and ``route`` (the router's ``Decision``, whose
     ``upstream`` follows a retry on another upstream); the request counts against its
@@ -60,6 +68,11 @@ class GatewayMiddleware:
         config = self.gateway.settings
         self._exempt = frozenset(config.exempt_paths)
         self._exempt_prefixes = tuple(path + "/" for path in config.exempt_paths if path != "/")
+        #: whether each recently seen path is exempt: one dict lookup per request
+        self._exempt_by_path: dict[str, bool] = {}
+        #: the state record of each recent ticket admitted without waiting, built once and
+        #: shared by its requests (records are read-only)
+        self._at_once: dict[Ticket, Record] = {}
         self._max_body = config.max_body_bytes
         self._default = Classification(config.default_tenant, config.default_priority)
         self._plugins = self.gateway.plugins
@@ -86,8 +99,11 @@ class GatewayMiddleware:
             else:
                 await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        if path in self._exempt or path.startswith(self._exempt_prefixes):
+        try:
+            exempt = self._exempt_by_path[scope["path"]]
+        except KeyError:
+            exempt = self._learn_exempt(scope["path"])
+        if exempt:
             await self.app(scope, receive, send)
             return
         seats = self._fast_seats
@@ -103,11 +119,29 @@ class GatewayMiddleware:
         if not seats.take(ticket):
             await self._admit(scope, receive, send, ticket)
             return
-        _record(scope, ticket, 0.0)
+        try:
+            scope["state"]["obleth"] = self._at_once[ticket]
+        except KeyError:
+            self._record_at_once(scope, ticket)
         try:
             await self.app(scope, receive, send)
         finally:
             seats.give_back(ticket)
+
+    def _learn_exempt(self, path: str) -> bool:
+        exempt = path in self._exempt or path.startswith(self._exempt_prefixes)
+        if len(self._exempt_by_path) >= _REMEMBERED:
+            self._exempt_by_path.clear()
+        self._exempt_by_path[path] = exempt
+        return exempt
+
+    def _record_at_once(self, scope: Scope, ticket: Ticket) -> None:
+        record = self._at_once.get(ticket)
+        if record is None:
+            if len(self._at_once) >= _REMEMBERED:
+                self._at_once.clear()
+            record = self._at_once[ticket] = _record_of(ticket, 0.0)
+        _state(scope)["obleth"] = record
 
     async def _admit(
         self, scope: Scope, receive: Receive, send: Send, ticket: Ticket | None
@@ -147,10 +181,10 @@ class GatewayMiddleware:
                 return
         elif self._observes:
             plugins.admitted(_info(ticket, scope), 0.0)
-        _record(scope, ticket, permit.waited_s)
         if self._router is not None:
             await self._run_routed(scope, receive, send, body, payload, classification, permit)
             return
+        _state(scope)["obleth"] = _record_of(ticket, permit.waited_s)
         if not self._observes:
             try:
                 await self.app(scope, receive if body is None else body.replay, send)
@@ -213,10 +247,13 @@ class GatewayMiddleware:
                 self._plugins.finished(_info(permit.ticket, scope), 0.0, "error")
             await send_json_error(send, exc.status, str(exc), code=exc.code)
             return
-        obleth = scope["state"]["obleth"]
-        obleth["upstream"] = decision.upstream
-        obleth["scores"] = decision.scores
-        obleth["route"] = decision
+        _state(scope)["obleth"] = _record_of(
+            permit.ticket,
+            permit.waited_s,
+            upstream=decision.upstream,
+            scores=decision.scores,
+            route=decision,
+        )
         if self._plugins.observes_routing:
             self._plugins.routed(_info(permit.ticket, scope), decision.upstream, decision.scores)
         send = _ending_at_last_byte(send, decision, permit, self._upstream_header)
@@ -286,12 +323,17 @@ def _ending_at_last_byte(send: Send, decision: Decision, permit: Permit, name: b
     return send_and_end
 
 
-def _record(scope: Scope, ticket: Ticket, waited_s: float) -> None:
+def _record_of(ticket: Ticket, waited_s: float, **routing: object) -> Record:
     """What the app can read about its admitted request, in ``scope["state"]["obleth"]``."""
-    state = scope.get("state")
+    record = {"tenant": ticket.tenant, "priority": ticket.priority, "waited_s": waited_s}
+    return MappingProxyType(record | routing)
+
+
+def _state(scope: Scope) -> dict[str, Any]:
+    state: dict[str, Any] | None = scope.get("state")
     if state is None:
         state = scope["state"] = {}
-    state["obleth"] = {"tenant": ticket.tenant, "priority": ticket.priority, "waited_s": waited_s}
+    return state
 
 
 def _info(ticket: Ticket, scope: Scope) -> RequestInfo:

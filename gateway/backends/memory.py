@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from gateway.capacity import Capacity
 from gateway.core.admission import Granted, Queued, admit, dispatch
@@ -25,9 +26,9 @@ class MemoryBackend:
         self._settings = settings
         self._limit = capacity.current
         self._decide = policy.decide
-        self._queue = fair_queue_for(settings)
+        self._queue = LocalSeats(settings, capacity=capacity, dispatch=self._dispatch)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.free_seats = LocalSeats(self._queue, capacity, self._dispatch)
+        self.free_seats = self._queue
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -106,18 +107,20 @@ class MemoryBackend:
                 future.set_result(Permit(waiter.ticket))
 
 
-class LocalSeats:
-    """``FreeSeats`` of the in-process backend: the request path's one trip to the queue.
+class LocalSeats(FairQueue):
+    """The in-process backend's fair queue, which also hands out its free seats
+    (``FreeSeats``) on the request path.
 
-    It runs twice per request. The limit is read every time (the announced value when
-    every provider announces, without a call). No seat is free while the backend is not
-    started (``open`` is False): callers then take the full path, which starts it.
+    One object, so that a request makes one call to take its seats and one to give them
+    back. The limit is read on every take (the announced value when every provider
+    announces, without a call). No seat is free while the backend is not started
+    (``open`` is False): callers then take the full path, which starts it.
     """
 
-    __slots__ = ("_capacity", "_dispatch", "_queue", "given_back", "open", "taken")
-
-    def __init__(self, queue: FairQueue, capacity: Capacity, dispatch: Callable[[], None]) -> None:
-        self._queue = queue
+    def __init__(
+        self, settings: Settings, *, capacity: Capacity, dispatch: Callable[[], None]
+    ) -> None:
+        super().__init__(**_queue_options(settings))
         self._capacity = capacity
         self._dispatch = dispatch
         self.taken = 0
@@ -125,24 +128,37 @@ class LocalSeats:
         self.open = False
 
     def take(self, ticket: Ticket) -> bool:
-        queue = self._queue
+        tenant = ticket.tenant
         seats = ticket.seats
         limit = self._capacity.settled
         if limit is None:
             limit = self._capacity.current()
-        if queue.queued or queue.inflight + seats > limit or not self.open:
+        inflight = self.inflight + seats
+        if self.queued or inflight > limit or not self.open:
             return False
-        if queue.capped and queue.over_cap(ticket):
+        if self.capped and self.over_cap(ticket):
             return False
-        queue.take(ticket)
+        # grant(ticket), written out: this runs on every request
+        self.inflight = inflight
+        held = self._tenant_inflight
+        held[tenant] = held.get(tenant, 0) + seats
         self.taken += 1
         return True
 
     def give_back(self, ticket: Ticket) -> None:
         self.given_back += 1
-        queue = self._queue
-        queue.release(ticket)
-        if queue.queued:
+        # release(ticket), written out, for the same reason
+        tenant = ticket.tenant
+        seats = ticket.seats
+        self.inflight -= seats
+        held = self._tenant_inflight
+        left = held[tenant] - seats
+        if left:
+            held[tenant] = left
+        else:
+            del held[tenant]
+        if self.queued:
+            self._rekey(tenant)
             self._dispatch()
 
     def _release(self, permit: Permit) -> None:
@@ -151,14 +167,18 @@ class LocalSeats:
 
 def fair_queue_for(settings: Settings) -> FairQueue:
     """An empty fair queue with the settings' bound, weights and caps."""
+    return FairQueue(**_queue_options(settings))
+
+
+def _queue_options(settings: Settings) -> dict[str, Any]:
     per_tenant, default_cap = settings.tenant_caps()
-    return FairQueue(
-        max_queue=settings.max_queue,
-        weights=settings.tenant_weights,
-        default_weight=settings.default_tenant_weight,
-        tenant_caps=per_tenant,
-        default_cap=default_cap,
-    )
+    return {
+        "max_queue": settings.max_queue,
+        "weights": settings.tenant_weights,
+        "default_weight": settings.default_tenant_weight,
+        "tenant_caps": per_tenant,
+        "default_cap": default_cap,
+    }
 
 
 def _fail(waiter: Waiter, error: Rejected) -> None:

@@ -72,7 +72,7 @@ def admit(
     if queue.over_cap(ticket):
         return Refused("tenant_limit")
     if queue.can_grant_now(ticket, limit):
-        queue.take(ticket)
+        queue.grant(ticket)
         return _GRANTED
     if ticket.rank >= NO_WAIT_RANK:
         return Refused("no_wait")

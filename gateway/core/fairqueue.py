@@ -159,7 +159,7 @@ class FairQueue:
         held = self.tenant_inflight(ticket.tenant) + self.tenant_queued(ticket.tenant)
         return held + ticket.seats > cap
 
-    def take(self, ticket: Ticket) -> None:
+    def grant(self, ticket: Ticket) -> None:
         """Count ``ticket``'s seats as in flight (a grant decided by the caller)."""
         tenant, seats = ticket.tenant, ticket.seats
         self.inflight += seats

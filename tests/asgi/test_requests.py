@@ -270,6 +270,84 @@ def test_exempt_paths_are_served_even_when_the_gateway_is_full() -> None:
     run(scenario)
 
 
+def test_exempt_paths_stay_exempt_however_many_paths_were_seen() -> None:
+    """An exempt path and those under it never queue, a path that only starts with the same
+    letters does, and this holds after more distinct paths than the check remembers."""
+    release = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] == "/hold":
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def scenario() -> None:
+        gw = GatewayMiddleware(app, Settings(global_max_in_flight=1, max_queue=0))
+        holder = Client()
+        running = asyncio.create_task(gw(http_scope("/hold"), holder.receive, holder.send))
+        await asyncio.sleep(0.01)
+        statuses: dict[str, list[int | None]] = {}
+        paths = [f"/v1/models/m{i}" for i in range(1500)]
+        for path in [*paths, "/healthz", "/healthz/live", "/healthzx", *paths[:3]] * 2:
+            client = Client()
+            await gw(http_scope(path, "GET"), client.receive, client.send)
+            statuses.setdefault(path, []).append(client.status)
+        assert statuses["/healthz"] == statuses["/healthz/live"] == [200, 200]
+        assert statuses["/healthzx"] == [503, 503]
+        assert {status for path in paths for status in statuses[path]} == {503}
+        release.set()
+        await running
+        assert holder.status == 200
+
+    run(scenario)
+
+
+def test_the_app_reads_its_own_admission_record_and_cannot_change_it() -> None:
+    """``scope["state"]["obleth"]`` holds the request's own tenant, priority and wait, for
+    requests admitted at once and after waiting alike; it is read-only, so one request
+    cannot change what the next one reads."""
+    seen: list[dict[str, object]] = []
+    refused: list[bool] = []
+    release = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        record = scope["state"]["obleth"]
+        seen.append(dict(record))
+        try:
+            record["tenant"] = "someone else"
+        except TypeError:
+            refused.append(True)
+        if scope["path"] == "/hold":
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def scenario() -> None:
+        settings = Settings(global_max_in_flight=1, tenant_header="x-tenant")
+        gw = GatewayMiddleware(app, settings)
+        for tenant in ("a", "b", "a"):
+            client = Client()
+            await gw(http_scope(headers={"x-tenant": tenant}), client.receive, client.send)
+        holder, waiter = Client(), Client()
+        held = asyncio.create_task(
+            gw(http_scope("/hold", headers={"x-tenant": "a"}), holder.receive, holder.send)
+        )
+        await asyncio.sleep(0.01)
+        queued = asyncio.create_task(
+            gw(http_scope(headers={"x-tenant": "b"}), waiter.receive, waiter.send)
+        )
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.gather(held, queued)
+        assert [r["tenant"] for r in seen] == ["a", "b", "a", "a", "b"]
+        assert {r["priority"] for r in seen} == {"standard"}
+        assert [r["waited_s"] for r in seen[:4]] == [0.0] * 4
+        assert isinstance(seen[4]["waited_s"], float) and seen[4]["waited_s"] > 0
+        assert refused == [True] * 5
+
+    run(scenario)
+
+
 def test_websockets_and_other_scopes_pass_through() -> None:
     """Scopes other than http and lifespan reach the app untouched."""
     seen: list[str] = []

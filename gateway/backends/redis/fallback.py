@@ -57,7 +57,7 @@ class Fallback:
         self._counted: dict[str, Ticket] = {}
         if self.mode == "local":
             for lease, ticket in held.items():
-                self._queue.take(ticket)
+                self._queue.grant(ticket)
                 self._counted[lease] = ticket
 
     def describe(self) -> str:
@@ -97,7 +97,7 @@ class Fallback:
             return False
         ticket = pending.ticket
         if self._queue.can_grant_now(ticket, self.share):
-            self._queue.take(ticket)
+            self._queue.grant(ticket)
             _grant_to(pending, self._grant(ticket, lease=str(pending.token), counted=True))
             return False
         waiter = self._queue.enqueue(ticket, asyncio.get_running_loop().time())
