@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -69,16 +69,22 @@ class Server:
     """One uvicorn process serving a factory of ``apps.py`` on a free local port.
 
     ``env`` is added to the child's environment: it is how a factory, which uvicorn calls
-    without arguments, learns run-specific values (a Redis URL, a pool name).
+    without arguments, learns run-specific values (a Redis URL, a pool name). ``under``
+    is a command the server runs under (``instructions.py`` uses valgrind's cachegrind).
     """
 
     def __init__(
-        self, factory: str, *, cpu: int | None = None, env: Mapping[str, str] | None = None
+        self,
+        factory: str,
+        *,
+        cpu: int | None = None,
+        env: Mapping[str, str] | None = None,
+        under: Sequence[str] = (),
     ) -> None:
         self.factory = factory
         self.port = free_port()
         command = [
-            sys.executable, "-m", "uvicorn", f"apps:{factory}", "--factory",
+            *under, sys.executable, "-m", "uvicorn", f"apps:{factory}", "--factory",
             "--app-dir", str(HERE), "--host", HOST, "--port", str(self.port),
             "--loop", "uvloop", "--http", "httptools", "--lifespan", "on",
             "--no-access-log", "--log-level", "warning",
@@ -109,11 +115,11 @@ class Server:
         finally:
             connection.close()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 10.0) -> None:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=10)
+                self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
