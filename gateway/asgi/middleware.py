@@ -46,11 +46,11 @@ class GatewayMiddleware:
     errors are raised here, when the middleware is built, not on a request.
 
     What the app can rely on: ``scope["state"]["obleth"]``, a read-only mapping, holds
-    ``tenant``, ``priority`` and ``waited_s`` of the admitted request; the body it receives is the one the client
-    sent, byte for byte. When upstreams are configured it also holds ``upstream`` (the
-    base URL chosen), ``scores`` (why) and ``route`` (the router's ``Decision``, whose
-    ``upstream`` follows a retry on another upstream); the request counts against its
-    upstream until the app returns.
+    ``tenant``, ``priority`` and ``waited_s`` of the admitted request; the body it
+    receives is the one the client sent, byte for byte. When upstreams are configured
+    the record also holds ``upstream`` (the base URL chosen), ``scores`` (why) and
+    ``route`` (the router's ``Decision``, whose ``upstream`` follows a retry on another
+    upstream); the request counts against its upstream until the app returns.
     """
 
     def __init__(

@@ -26,7 +26,9 @@ class MemoryBackend:
         self._settings = settings
         self._limit = capacity.current
         self._decide = policy.decide
-        self._queue = LocalSeats(settings, capacity=capacity, dispatch=self._dispatch)
+        self._queue = LocalSeats(
+            capacity=capacity, dispatch=self._dispatch, **_queue_options(settings)
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self.free_seats = self._queue
 
@@ -118,9 +120,11 @@ class LocalSeats(FairQueue):
     """
 
     def __init__(
-        self, settings: Settings, *, capacity: Capacity, dispatch: Callable[[], None]
+        self, *, capacity: Capacity, dispatch: Callable[[], None], **queue_options: Any
     ) -> None:
-        super().__init__(**_queue_options(settings))
+        """``dispatch()`` hands seats to waiters; it is called when seats come back while
+        someone waits. ``queue_options`` are ``FairQueue``'s."""
+        super().__init__(**queue_options)
         self._capacity = capacity
         self._dispatch = dispatch
         self.taken = 0

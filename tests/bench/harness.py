@@ -244,7 +244,8 @@ def code_version() -> str:
 
     try:
         head = git("rev-parse", "--short", "HEAD")
-        changed = git("diff-index", "--quiet", "HEAD", "--", "gateway")
+        # git diff compares contents; diff-index alone also reports files only touched
+        changed = git("diff", "--quiet", "HEAD", "--", "gateway")
         untracked = git("ls-files", "--others", "--exclude-standard", "--", "gateway")
     except (OSError, subprocess.SubprocessError):
         return "unknown (git unavailable)"

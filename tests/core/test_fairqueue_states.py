@@ -1,5 +1,9 @@
 """Hypothesis drives the fair queue through random arrivals, releases, cancels and limit
-changes, checking after every step what users rely on."""
+changes, checking after every step what users rely on.
+
+The queue is the in-process backend's (``LocalSeats``), so arrivals and releases go
+through either the full path (``admit``, ``release`` then dispatch) or the request path's
+free seats (``take``, ``give_back``), which count seats in one call each."""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from gateway.backends.memory import LocalSeats
+from gateway.capacity import Capacity
 from gateway.core.admission import (
     Granted,
     OverflowAction,
@@ -15,7 +21,7 @@ from gateway.core.admission import (
     Refused,
     admit,
 )
-from gateway.core.fairqueue import FairQueue, Waiter
+from gateway.core.fairqueue import Waiter
 from gateway.core.tickets import PRIORITIES, Ticket
 
 TENANTS = ("a", "b", "c")
@@ -26,7 +32,16 @@ class FairQueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.limit = 3
-        self.queue = FairQueue(max_queue=6, weights=WEIGHTS, tenant_caps={"c": 4})
+        # a provider read on every decision: the free seats see set_limit at once
+        capacity = Capacity([("test", self)])
+        self.queue = LocalSeats(
+            capacity=capacity,
+            dispatch=self._grant_all,
+            max_queue=6,
+            weights=WEIGHTS,
+            tenant_caps={"c": 4},
+        )
+        self.queue.open = True
         self.held: list[Ticket] = []
         self.waiting: list[Waiter] = []
         self.released = 0
@@ -34,6 +49,10 @@ class FairQueueMachine(RuleBasedStateMachine):
         self.served_orders: dict[tuple[str, str], list[int]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def max_in_flight(self) -> int:
+        """The capacity provider the free seats read."""
+        return self.limit
 
     def _grant_all(self) -> None:
         """Dispatch, checking each grant against the max-min rule before it happens."""
@@ -104,13 +123,30 @@ class FairQueueMachine(RuleBasedStateMachine):
         else:
             assert isinstance(verdict, Refused)
 
+    @rule(tenant=st.sampled_from(TENANTS))
+    def arrive_on_the_request_path(self, tenant: str) -> None:
+        """A free seat is taken exactly when the full path would grant one at once."""
+        ticket = Ticket(tenant)
+        tenant_total = sum(t.tenant == tenant for t in self.held) + sum(
+            w.ticket.tenant == tenant for w in self.waiting
+        )
+        free = not self.waiting and len(self.held) < self.limit
+        expected = free and (tenant != "c" or tenant_total < 4)
+        assert self.queue.take(ticket) == expected
+        if expected:
+            self.held.append(ticket)
+            self.admitted += 1
+
     @precondition(lambda self: self.held)
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), given_back=st.booleans())
+    def release(self, data: st.DataObject, given_back: bool) -> None:
         ticket = self.held.pop(data.draw(st.integers(0, len(self.held) - 1)))
-        self.queue.release(ticket)
         self.released += 1
-        self._grant_all()
+        if given_back:  # the request path: give_back dispatches when someone waits
+            self.queue.give_back(ticket)
+        else:
+            self.queue.release(ticket)
+            self._grant_all()
 
     @precondition(lambda self: self.waiting)
     @rule(data=st.data())
