@@ -151,18 +151,8 @@ class LocalSeats(FairQueue):
 
     def give_back(self, ticket: Ticket) -> None:
         self.given_back += 1
-        # release(ticket), written out, for the same reason
-        tenant = ticket.tenant
-        seats = ticket.seats
-        self.inflight -= seats
-        held = self._tenant_inflight
-        left = held[tenant] - seats
-        if left:
-            held[tenant] = left
-        else:
-            del held[tenant]
+        self.release(ticket)
         if self.queued:
-            self._rekey(tenant)
             self._dispatch()
 
     def _release(self, permit: Permit) -> None:
