@@ -250,7 +250,7 @@ def report(
     )
     add(
         f"   {'variant':<24}{'clients':>8}{'req/s':>9}{'of ideal':>10}{'p50 ms':>9}"
-        f"{'p99 ms':>9}{'max ran':>9}   target"
+        f"{'p99 ms':>9}{'max ran':>9}{'CPU us/req':>11}   target"
     )
     for name, row in queue.items():
         if name == "gateway":
@@ -262,7 +262,7 @@ def report(
         add(
             f"   {name:<24}{row['connections']:>8}{row['rps']:>9.0f}{row['share']:>10.1%}"
             f"{row['p50_ms']:>9.1f}{row['p99_ms']:>9.1f}{row['stats']['max_running']:>9}"
-            f"   {target}"
+            f"{row['cpu_us_per_request']:>11.0f}   {target}"
         )
     ceiling = queue["no limiter, 64 clients"]["rps"]
     add(
@@ -271,6 +271,17 @@ def report(
             f"{name} {row['rps'] / ceiling:.1%}"
             for name, row in queue.items()
             if name != "no limiter, 64 clients"
+        )
+    )
+    add(
+        "   the endpoint's 50 ms sleep took on average: "
+        + "; ".join(f"{name} {row['stats']['mean_sleep_ms']:.2f} ms" for name, row in queue.items())
+    )
+    add(
+        "   the 64 seats' time spent asleep in the endpoint (req/s x mean sleep / 64): "
+        + "; ".join(
+            f"{name} {row['rps'] * row['stats']['mean_sleep_ms'] / 1e3 / QUEUE_LIMIT:.1%}"
+            for name, row in queue.items()
         )
     )
     stats = queue["gateway"]["stats"]
