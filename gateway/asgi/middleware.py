@@ -136,6 +136,8 @@ class GatewayMiddleware:
         return exempt
 
     def _record_at_once(self, scope: Scope, ticket: Ticket) -> None:
+        """The fast path's record when its one-line store failed: the ticket is new, or
+        the server gave the scope no ``state`` (then the record may well be remembered)."""
         record = self._at_once.get(ticket)
         if record is None:
             if len(self._at_once) >= _REMEMBERED:
