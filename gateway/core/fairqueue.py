@@ -6,11 +6,12 @@ urgent non-empty class, the next seat goes to the one with the smallest
 (an idle tenant cannot burst past its share later), no estimate of request duration,
 FIFO within a tenant, and no skipping past the chosen head when it does not fit.
 
-Each class keeps two heaps of its waiting tenants: by that dispatch key, and by load
-(``(seats in flight + queued) / weight``, heaviest first) for eviction. A tenant's keys
-change whenever its seats, its queue or its head change; instead of re-sorting, a fresh
-entry is pushed with a new version and older entries are skipped when they surface, so
-every decision costs O(log tenants) amortized. While nobody waits, none of this runs.
+Each class keeps a heap of its waiting tenants by that dispatch key and, once a policy
+has asked for an eviction victim, a second one by load (``(seats in flight + queued) /
+weight``, heaviest first). A tenant's keys change whenever its seats, its queue or its
+head change; instead of re-sorting, a fresh entry is pushed with a new version and older
+entries are skipped when they surface, so every decision costs O(log tenants) amortized.
+While nobody waits, none of this runs.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ class FairQueue:
         self._rank_queued = [0 for _ in _RANKS]
         self._queues: list[dict[str, deque[Waiter]]] = [{} for _ in _RANKS]
         self._ready = [TenantHeap() for _ in _RANKS]
-        self._heavy = [TenantHeap() for _ in _RANKS]
+        #: by load, for eviction; None until the first eviction asks (most policies never do)
+        self._heavy: list[TenantHeap] | None = None
         self._next_order = 0
 
     # -- what policies and snapshots may read -------------------------------------------
@@ -240,9 +242,14 @@ class FairQueue:
         Heaviest means the largest ``(seats in flight + queued) / weight``; among that
         tenant's classes the least urgent one loses first.
         """
+        heavy = self._heavy
+        if heavy is None:
+            heavy = self._heavy = [TenantHeap() for _ in _RANKS]
+            for tenant in self._tenant_queued:
+                self._rekey(tenant)
         best: tuple[tuple[float, ...], str] | None = None
         for r in range(rank, len(PRIORITIES)):
-            top = self._heavy[r].top()
+            top = heavy[r].top()
             if top is not None and (best is None or top < best):
                 best = top
         if best is None:
@@ -271,18 +278,22 @@ class FairQueue:
             queue.popleft()
         if not queue:
             del self._queues[rank][tenant]
+            self._ready[rank].discard(tenant)
+            if self._heavy is not None:
+                self._heavy[rank].discard(tenant)
 
     def _rekey(self, tenant: str) -> None:
-        """Re-file ``tenant`` in every class's heaps after its seats or queue changed."""
+        """Re-file ``tenant`` in the heaps of every class it waits in, after its seats or
+        queue changed (a class it stopped waiting in dropped it already)."""
         inflight = self._tenant_inflight.get(tenant, 0)
         weight = self._weights.get(tenant, self._default_weight)
+        heavy = self._heavy
         load = (inflight + self._tenant_queued.get(tenant, 0)) / weight
         for rank in _RANKS:
             queue = self._queues[rank].get(tenant)
             if queue is None:
-                self._ready[rank].discard(tenant)
-                self._heavy[rank].discard(tenant)
                 continue
             head = queue[0]
             self._ready[rank].set(tenant, ((inflight + head.ticket.seats) / weight, head.order))
-            self._heavy[rank].set(tenant, (-load, -len(queue)))
+            if heavy is not None:
+                heavy[rank].set(tenant, (-load, -len(queue)))
