@@ -464,18 +464,17 @@ _env_scorers = _env_pairs(_SCORERS_EXPECTED)
 
 def _check_scorers(settings: Settings, name: str, value: Any) -> Mapping[str, float]:
     """Syntax here; whether each scorer is installed is checked when plugins are loaded."""
-    example = _SCORERS_EXPECTED
     try:
         if isinstance(value, str):
             weights = parse_weights(value)
         elif isinstance(value, Mapping):
             weights = check_weights(value)
         else:
-            raise settings.error(name, value, example)
+            raise settings.error(name, value, _SCORERS_EXPECTED)
     except WeightSyntaxError as exc:
-        raise settings.error(name, value, f"{exc}; {example}") from None
+        raise settings.error(name, value, f"{exc}; {_SCORERS_EXPECTED}") from None
     if not weights:
-        raise settings.error(name, value, f"no scorer given; {example}")
+        raise settings.error(name, value, f"no scorer given; {_SCORERS_EXPECTED}")
     return MappingProxyType(weights)
 
 

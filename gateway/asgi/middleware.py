@@ -86,8 +86,9 @@ class GatewayMiddleware:
         # around the app is the one release
         fast = not self._observes and not self._reads_body and self._header_reader is not None
         self._fast_seats = self._scheduler.free_seats if fast else None
-        #: the built-in classifier, read directly while ``_fast_seats`` is set
-        self._fast_reader = self._header_reader or reader_for(config)
+        #: the built-in classifier (``_header_reader`` itself when that is set), read
+        #: directly while ``_fast_seats`` is set
+        self._fast_reader = reader_for(config)
         self._session_header = config.session_header.encode("latin-1")
         self._block_bytes = config.prefix_block_bytes
         self._upstream_header = config.upstream_header
