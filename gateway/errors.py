@@ -75,7 +75,10 @@ _REJECT_MESSAGES: dict[str, str] = {
     "tenant_limit": "this tenant has as many requests in flight as it may; retry later",
     "evicted": "this request was dropped from the queue to make room; retry later",
     "queue_timeout": "no seat became free in time; retry later",
-    "unavailable": "the gateway cannot reach its shared budget (Redis); retry later",
+    "unavailable": (
+        "the gateway is not admitting requests (it is stopping, or cannot reach its shared "
+        "budget in Redis); retry later"
+    ),
 }
 
 

@@ -7,8 +7,8 @@ application at startup with a message that names it, before any request arrives.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterable
+import logging
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from gateway.backends.memory import MemoryBackend
@@ -25,8 +25,9 @@ from gateway.scheduler import Scheduler
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
-    from gateway.routing.poller import Poller
     from gateway.routing.sharing import SharedRouting
+
+log = logging.getLogger("obleth")
 
 STALE_AFTER_INTERVALS = 3
 """A reading older than this many polling intervals counts as saturated."""
@@ -72,8 +73,9 @@ class Gateway:
             raise PluginError(
                 plugin, str(exc), distribution=self.plugins.distribution_of(plugin)
             ) from exc
-        self.policy: OverflowPolicy = self.plugins.build(
-            "overflow policy", self.settings.overflow_policy
+        policy_name = self.settings.overflow_policy
+        self.policy: OverflowPolicy = self.plugins.shielded_policy(
+            policy_name, self.plugins.build("overflow policy", policy_name)
         )
         self.backend: CounterBackend = _backend_for(self.settings, self.capacity, self.policy)
         self.capacity.subscribe(self.backend.limit_changed)
@@ -82,7 +84,8 @@ class Gateway:
         self.sharing: SharedRouting | None = None
         #: chooses an upstream per request; None when no upstreams are configured
         self.router: Router | None = self._router(urls) if urls else None
-        self._poller: Poller | None = None
+        #: what ``start()`` started, with how to stop it, in the order it started
+        self._running: list[tuple[str, Callable[[], Awaitable[object]]]] = []
         #: whether ``start()`` has run (and ``stop()`` not since); read on every request,
         #: so a plain attribute: set it only through ``start`` and ``stop``
         self.started = False
@@ -131,7 +134,12 @@ class Gateway:
         )
 
     async def start(self) -> None:
-        """Start providers and the backend; safe to call more than once."""
+        """Start the backend, routing and providers; safe to call more than once.
+
+        When a part fails to start, the parts already started are stopped again and the
+        error is raised (a ``PluginError`` naming a provider that failed): the gateway
+        stays closed, with nothing left running, and the next ``start()`` tries afresh.
+        """
         if self.started:
             return
         if self._start_lock is None:
@@ -139,49 +147,66 @@ class Gateway:
         async with self._start_lock:
             if self.started:
                 return
-            await self.backend.start()
-            if self.router is not None:
-                # httpx loads only when there are upstreams to poll
-                from gateway.routing.poller import Poller
-
-                self._poller = Poller(
-                    self.readings,
-                    interval_s=self.settings.upstream_poll_interval_s,
-                    timeout_s=self.settings.upstream_poll_timeout_s,
-                )
-                await self._poller.start()
-                if self.sharing is not None:
-                    await self.sharing.start()
-            for name, provider in self.providers.items():
-                start = getattr(provider, "start", None)
-                if start is not None:
-                    try:
-                        await start()
-                    except Exception as exc:
-                        plugin = self.plugins.plugin_of("capacity provider", name)
-                        raise PluginError(
-                            plugin,
-                            f"capacity provider {name!r} failed to start: {exc}",
-                            distribution=self.plugins.distribution_of(plugin),
-                        ) from exc
+            try:
+                await self._start_parts()
+            except BaseException:
+                await self._stop_parts()
+                raise
             self.started = True
 
+    async def _start_parts(self) -> None:
+        running = self._running
+        await self.backend.start()
+        running.append(("the counter backend", self.backend.stop))
+        if self.router is not None:
+            # httpx loads only when there are upstreams to poll
+            from gateway.routing.poller import Poller
+
+            poller = Poller(
+                self.readings,
+                interval_s=self.settings.upstream_poll_interval_s,
+                timeout_s=self.settings.upstream_poll_timeout_s,
+            )
+            running.append(("the upstream poller", poller.stop))
+            await poller.start()
+            if self.sharing is not None:
+                running.append(("routing shared through Redis", self.sharing.stop))
+                await self.sharing.start()
+        for name, provider in self.providers.items():
+            plugin = self.plugins.plugin_of("capacity provider", name)
+            origin = self.plugins.distribution_of(plugin)
+            start = getattr(provider, "start", None)
+            if start is not None:
+                try:
+                    await start()
+                except Exception as exc:
+                    raise PluginError(
+                        plugin,
+                        f"capacity provider {name!r} failed to start: {exc}",
+                        distribution=origin,
+                    ) from exc
+            stop = getattr(provider, "stop", None)
+            if stop is not None:
+                running.append(
+                    (f"capacity provider {name!r} of plugin {plugin!r} ({origin})", stop)
+                )
+
     async def stop(self) -> None:
-        """Stop providers and the backend; waiters still queued are answered 503."""
+        """Stop providers, routing and the backend; waiters still queued are answered 503
+        ``unavailable``. A part that fails to stop is logged and the others still stop."""
         if not self.started:
             return
         self.started = False
-        for provider in self.providers.values():
-            stop = getattr(provider, "stop", None)
-            if stop is not None:
-                with contextlib.suppress(Exception):
-                    await stop()
-        if self.sharing is not None:
-            await self.sharing.stop()
-        if self._poller is not None:
-            await self._poller.stop()
-            self._poller = None
-        await self.backend.stop()
+        await self._stop_parts()
+
+    async def _stop_parts(self) -> None:
+        """Stop what ``_start_parts`` started, last started first."""
+        while self._running:
+            part, stop = self._running.pop()
+            try:
+                await stop()
+            except Exception:
+                log.exception("%s failed to stop; stopping the rest", part)
 
     def set_capacity(self, limit: int) -> None:
         """Change the ``static`` provider's limit now (raising it admits waiters at once).

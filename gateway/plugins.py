@@ -18,12 +18,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal, cast, get_args
 
 import pluggy
 
 from gateway import hookspecs
 from gateway.builtin import DEFAULT_PLUGINS, classifier
+from gateway.core.admission import OverflowAction, QueueView
+from gateway.core.tickets import PRIORITIES, Ticket
 from gateway.errors import BadRequest, ConfigError, PluginError
 from gateway.protocols import (
     CapacityProvider,
@@ -285,6 +287,13 @@ class Plugins:
             )
         return built
 
+    def shielded_policy(self, name: str, policy: OverflowPolicy) -> OverflowPolicy:
+        """``policy`` (selected by ``name``) shielded on the request path: when its
+        ``decide`` raises or answers something other than ``queue``, ``reject`` or
+        ``evict``, the plugin is named in the log and the request waits, as under ``block``.
+        """
+        return _ShieldedPolicy(policy, self.plugin_of("overflow policy", name), self._complain)
+
     def plugin_of(self, kind: Kind, name: str) -> str:
         return self._offers[kind][name].plugin
 
@@ -324,13 +333,14 @@ class Plugins:
             except BadRequest:
                 raise
             except Exception:
-                self._complain(impl.plugin, "obleth_classify_request")
+                self._complain(impl.plugin, "hook obleth_classify_request")
                 continue
             if answer is None:
                 continue
-            if isinstance(answer, Classification):
-                return answer
-            self._complain(impl.plugin, "obleth_classify_request", f"returned {answer!r}")
+            problem = _unusable(answer)
+            if problem is None:
+                return cast(Classification, answer)
+            self._complain(impl.plugin, "hook obleth_classify_request", f"returned {problem}")
         return None
 
     def admitted(self, request: RequestInfo, wait_s: float) -> None:
@@ -377,15 +387,16 @@ class Plugins:
             try:
                 impl(arguments)
             except Exception:
-                self._complain(impl.plugin, hook)
+                self._complain(impl.plugin, f"hook {hook}")
 
-    def _complain(self, plugin: str, hook: str, problem: str | None = None) -> None:
-        """Log a plugin's failure on the request path, at most once a minute per plugin."""
+    def _complain(self, plugin: str, what: str, problem: str | None = None) -> None:
+        """Log that ``what`` of ``plugin`` failed on the request path (``problem``, or the
+        exception being handled), at most once a minute per plugin."""
         now = time.monotonic()
         if now - self._last_complaint.get(plugin, -3600.0) < 60.0:
             return
         self._last_complaint[plugin] = now
-        where = f"plugin {plugin!r} ({self.distribution_of(plugin)}), hook {hook}"
+        where = f"plugin {plugin!r} ({self.distribution_of(plugin)}), {what}"
         if problem is None:
             log.exception("%s raised; the request goes on without it", where)
         else:
@@ -403,6 +414,55 @@ class Plugins:
 
 
 _APPLICATION: Final = ("", "")
+_ACTIONS: Final[frozenset[str]] = frozenset(get_args(OverflowAction))
+
+
+class _ShieldedPolicy:
+    """An overflow policy whose faults are logged and answered ``queue``."""
+
+    __slots__ = ("_complain", "_decide", "_plugin")
+
+    def __init__(
+        self,
+        policy: OverflowPolicy,
+        plugin: str,
+        complain: Callable[..., None],
+    ) -> None:
+        self._decide = policy.decide
+        self._plugin = plugin
+        self._complain = complain
+
+    def decide(self, view: QueueView, ticket: Ticket) -> OverflowAction:
+        try:
+            action = self._decide(view, ticket)
+        except Exception:
+            self._complain(self._plugin, "its overflow policy's decide()")
+            return "queue"
+        if action not in _ACTIONS:
+            expected = ", ".join(sorted(_ACTIONS))
+            self._complain(
+                self._plugin,
+                "its overflow policy's decide()",
+                f"answered {action!r}, not one of {expected}",
+            )
+            return "queue"
+        return action
+
+
+def _unusable(answer: object) -> str | None:
+    """What makes a classifier's answer unusable, said for the log; None when it is usable."""
+    if not isinstance(answer, Classification):
+        return f"{answer!r}, not a Classification"
+    tenant, priority, routing_key, session_id = answer
+    if not isinstance(tenant, str) or not tenant:
+        return f"{answer!r}: the tenant must be a non-empty str"
+    if priority not in PRIORITIES:
+        return f"{answer!r}: the priority must be one of {', '.join(PRIORITIES)}"
+    if routing_key is not None and not isinstance(routing_key, bytes):
+        return f"{answer!r}: routing_key must be bytes or None"
+    if session_id is not None and not isinstance(session_id, str):
+        return f"{answer!r}: session_id must be a str or None"
+    return None
 
 
 def _dist_label(origin: tuple[str, str]) -> str:

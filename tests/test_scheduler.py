@@ -167,6 +167,43 @@ def test_free_seats_read_the_limit_on_every_take(polled: bool) -> None:
     run(scenario)
 
 
+def test_a_limit_raised_unannounced_lets_the_waiters_in_at_the_next_request() -> None:
+    """A provider read on every decision (no ``subscribe``) that goes from 0 to 3 while
+    two requests wait: the next request to arrive hands the free seats to the waiters,
+    first come first, and takes the one left, although nothing was in flight to release."""
+    values = {"x": 0}
+
+    class Plugin:
+        @hookimpl
+        def obleth_capacity_providers(self) -> dict[str, object]:
+            class Polled:  # no subscribe()
+                def max_in_flight(self) -> int:
+                    return values["x"]
+
+            return {"polled": lambda settings: Polled()}
+
+    async def scenario() -> None:
+        gateway = Gateway(
+            Settings(capacity_providers=["static", "polled"], global_max_in_flight=10),
+            plugins=[Plugin()],
+            entry_points=False,
+        )
+        await gateway.start()
+        waiters = [asyncio.create_task(gateway.scheduler.acquire(Ticket(t))) for t in "ab"]
+        await asyncio.sleep(0)
+        assert gateway.snapshot().queued == 2
+        values["x"] = 3
+        newcomer = await asyncio.wait_for(gateway.scheduler.acquire(Ticket("c")), 2)
+        permits = await asyncio.wait_for(asyncio.gather(*waiters), 2)
+        assert [p.ticket.tenant for p in permits] == ["a", "b"]
+        for permit in [*permits, newcomer]:
+            permit.release()
+        assert_drained(gateway)
+        await gateway.stop()
+
+    run(scenario)
+
+
 def test_free_seats_grant_only_what_the_full_path_would_grant_at_once() -> None:
     """The fast path never barges past a waiter, never crosses the limit or a tenant's
     cap, and a seat it gives back goes to the waiter; the scheduler counts both paths."""

@@ -130,7 +130,15 @@ class GatewayMiddleware:
             seats.give_back(ticket)
 
     def _learn_exempt(self, path: str) -> bool:
-        exempt = path in self._exempt or path.startswith(self._exempt_prefixes)
+        """Whether ``path`` is exempt. A path with a ``.`` or ``..`` segment never is: the
+        app or an upstream may resolve ``/healthz/../v1/completions`` to a path that is not
+        exempt, and admission must not be skipped for it."""
+        segments = path.split("/")
+        exempt = (
+            (path in self._exempt or path.startswith(self._exempt_prefixes))
+            and "." not in segments
+            and ".." not in segments
+        )
         if len(self._exempt_by_path) >= _REMEMBERED:
             self._exempt_by_path.clear()
         self._exempt_by_path[path] = exempt
@@ -241,7 +249,9 @@ class GatewayMiddleware:
         classification: Classification | None,
         permit: Permit,
     ) -> None:
-        """Choose the upstream, then run the app; the choice counts until the app returns."""
+        """Choose the upstream, then run the app; the choice counts until the app returns.
+
+        The seats come back however routing ends, an unexpected error included."""
         try:
             decision = self._route(scope, payload, classification, permit.ticket)
         except Unroutable as exc:
@@ -250,6 +260,9 @@ class GatewayMiddleware:
                 self._plugins.finished(_info(permit.ticket, scope), 0.0, "error")
             await send_json_error(send, exc.status, str(exc), code=exc.code)
             return
+        except BaseException:
+            permit.release()
+            raise
         _state(scope)["obleth"] = _record_of(
             permit.ticket,
             permit.waited_s,

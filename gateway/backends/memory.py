@@ -40,11 +40,17 @@ class MemoryBackend:
         self.free_seats.open = False
         for waiter in list(self._queue.waiters()):
             self._queue.remove(waiter)
-            _fail(waiter, self._reject("queue_full"))
+            _fail(waiter, self._reject("unavailable"))
 
     async def acquire(self, ticket: Ticket) -> Permit | Pending:
         loop = self._loop or asyncio.get_running_loop()
-        verdict = admit(self._queue, ticket, self._limit(), self._decide, now=loop.time())
+        queue = self._queue
+        limit = self._limit()
+        if queue.queued and queue.inflight < limit:
+            # a provider read on every decision (one that does not announce its changes)
+            # raised the limit since the last release: those waiting go first
+            self._dispatch()
+        verdict = admit(queue, ticket, limit, self._decide, now=loop.time())
         if isinstance(verdict, Granted):
             return Permit(ticket)
         if isinstance(verdict, Queued):

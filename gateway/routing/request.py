@@ -68,8 +68,10 @@ def prompt_text(payload: Mapping[str, object] | None) -> bytes:
 
 
 def blocks_of(text: bytes, model: str | None, block_bytes: int) -> tuple[int, ...]:
-    # the NUL ends the model name: no model name can run on into a prompt's first bytes
-    return prompt_blocks(text, seed=(model or "").encode() + b"\0", block_bytes=block_bytes)
+    # the NUL ends the model name: no model name can run on into a prompt's first bytes;
+    # JSON may carry lone surrogates, which pass through as they do in the prompt
+    seed = (model or "").encode("utf-8", "surrogatepass") + b"\0"
+    return prompt_blocks(text, seed=seed, block_bytes=block_bytes)
 
 
 def _message_text(message: object) -> str:

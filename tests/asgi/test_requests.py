@@ -8,8 +8,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import uvicorn
 
-from gateway import Classification, GatewayMiddleware, Settings, hookimpl
+from gateway import Classification, GatewayMiddleware, Settings, Ticket, hookimpl
 from gateway.builtin.classifier import tenant_of_key
 from gateway.types import Message, Receive, Scope, Send
 from tests.asgi.conftest import Client, http_scope
@@ -272,7 +273,8 @@ def test_exempt_paths_are_served_even_when_the_gateway_is_full() -> None:
 
 def test_exempt_paths_stay_exempt_however_many_paths_were_seen() -> None:
     """An exempt path and those under it never queue, a path that only starts with the same
-    letters does, and this holds after more distinct paths than the check remembers."""
+    letters does, one that climbs out of an exempt path with ``..`` (or a ``.`` segment)
+    does too, and this holds after more distinct paths than the check remembers."""
     release = asyncio.Event()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -288,12 +290,14 @@ def test_exempt_paths_stay_exempt_however_many_paths_were_seen() -> None:
         await asyncio.sleep(0.01)
         statuses: dict[str, list[int | None]] = {}
         paths = [f"/v1/models/m{i}" for i in range(1500)]
-        for path in [*paths, "/healthz", "/healthz/live", "/healthzx", *paths[:3]] * 2:
+        climbing = ["/healthz/../v1/completions", "/healthz/./live", "/healthz/.."]
+        for path in [*paths, "/healthz", "/healthz/live", "/healthzx", *climbing, *paths[:3]] * 2:
             client = Client()
             await gw(http_scope(path, "GET"), client.receive, client.send)
             statuses.setdefault(path, []).append(client.status)
         assert statuses["/healthz"] == statuses["/healthz/live"] == [200, 200]
         assert statuses["/healthzx"] == [503, 503]
+        assert {status for path in climbing for status in statuses[path]} == {503}
         assert {status for path in paths for status in statuses[path]} == {503}
         release.set()
         await running
@@ -403,6 +407,92 @@ def test_lifespan_is_wrapped_so_the_apps_own_startup_still_runs() -> None:
         assert not gw.gateway.started
 
     run(scenario)
+
+
+class FailingStart:
+    """A plugin whose capacity provider ``down`` fails to start; ``stops`` counts the
+    stops of the provider that started before it (``up``)."""
+
+    def __init__(self) -> None:
+        self.stops = 0
+
+    @hookimpl
+    def obleth_capacity_providers(self) -> dict[str, object]:
+        plugin = self
+
+        class Up:
+            def max_in_flight(self) -> int:
+                return 8
+
+            async def start(self) -> None:
+                pass
+
+            async def stop(self) -> None:
+                plugin.stops += 1
+
+        class Down(Up):
+            async def start(self) -> None:
+                raise ConnectionError("control plane unreachable")
+
+        return {"up": lambda settings: Up(), "down": lambda settings: Down()}
+
+
+def failing_to_start(app: Any) -> tuple[GatewayMiddleware, FailingStart]:
+    plugin = FailingStart()
+    settings = Settings(capacity_providers=["up", "down"], global_max_in_flight=1)
+    return GatewayMiddleware(app, settings, plugins=[plugin]), plugin
+
+
+def test_a_gateway_that_cannot_start_fails_the_servers_startup_and_leaves_nothing_open() -> None:
+    """The server is told ``lifespan.startup.failed`` with the plugin named; the app's own
+    startup never runs; what had started is stopped again, and no seat is free."""
+    events: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        events.append((await receive())["type"])
+
+    async def scenario() -> None:
+        gw, plugin = failing_to_start(app)
+        outbox: list[Message] = []
+
+        async def receive() -> Message:
+            return {"type": "lifespan.startup"}
+
+        async def send(message: Message) -> None:
+            outbox.append(message)
+
+        await gw({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+        [failed] = outbox
+        assert failed["type"] == "lifespan.startup.failed"
+        assert failed["message"] == (
+            "plugin 'FailingStart-0': capacity provider 'down' failed to start: "
+            "control plane unreachable"
+        )
+        assert events == []
+        assert not gw.gateway.started and plugin.stops == 1
+        seats = gw.gateway.scheduler.free_seats
+        assert seats is not None and not seats.take(Ticket("a"))
+
+    run(scenario)
+
+
+def test_a_real_server_does_not_serve_when_the_gateway_cannot_start() -> None:
+    """uvicorn with its default ``lifespan="auto"`` exits at startup (status 3) instead of
+    taking the failure for an app without lifespan and serving without the gateway."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("the app must not run")
+
+    gw, _ = failing_to_start(app)
+    server = uvicorn.Server(uvicorn.Config(gw, host="127.0.0.1", port=0, log_level="critical"))
+
+    async def scenario() -> None:
+        await asyncio.wait_for(server.serve(), 10)
+
+    with pytest.raises(SystemExit) as exit_:
+        run(scenario)
+    assert exit_.value.code == 3
+    assert not server.started and not gw.gateway.started
 
 
 def test_a_gateway_not_started_or_stopped_starts_on_the_next_request() -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -17,8 +18,10 @@ from gateway import (
     ConfigError,
     Gateway,
     PluginError,
+    Priority,
     RequestInfo,
     Settings,
+    Ticket,
     hookimpl,
     hookspecs,
 )
@@ -324,6 +327,97 @@ def test_classifier_that_raises_falls_through_to_the_builtin(
     assert "'flaky'" in record.getMessage()
     assert "obleth_classify_request" in record.getMessage()
     assert record.exc_info is not None
+
+
+@pytest.mark.parametrize(
+    ("answer", "complaint"),
+    [
+        (("acme", "standard"), "not a Classification"),
+        (Classification(tenant=""), "tenant must be a non-empty str"),
+        (Classification(tenant=cast(str, 7)), "tenant must be a non-empty str"),
+        (Classification("acme", priority=cast(Priority, "urgent")), "priority must be one of"),
+        (Classification("acme", routing_key=cast(bytes, "text")), "routing_key must be bytes"),
+        (Classification("acme", session_id=cast(str, 12)), "session_id must be a str"),
+    ],
+)
+def test_classifier_answer_it_cannot_use_is_logged_and_skipped(
+    answer: object, complaint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An answer the gate cannot use is named as the plugin's and the next classifier
+    (here the built-in) classifies the request, instead of the answer failing later."""
+
+    @hookimpl
+    def obleth_classify_request() -> object:
+        return answer
+
+    plugins = facade(
+        plugin("sloppy", obleth_classify_request=obleth_classify_request),
+        tenant_header="x-tenant",
+    )
+
+    with caplog.at_level(logging.ERROR, logger="obleth.plugins"):
+        result = plugins.classify(with_headers({"x-tenant": "acme"}), None)
+
+    assert result == Classification(tenant="acme", priority="standard")
+    [record] = [r for r in caplog.records if r.name == "obleth.plugins"]
+    assert "'sloppy'" in record.getMessage()
+    assert complaint in record.getMessage()
+
+
+class Faulty:
+    """An overflow policy whose ``decide`` raises, or answers ``answer`` if one is given."""
+
+    def __init__(self, answer: object = None) -> None:
+        self.answer = answer
+
+    def decide(self, view: object, ticket: object) -> object:
+        if self.answer is None:
+            raise RuntimeError("policy bug")
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("policy", "complaint"),
+    [
+        (Faulty(), "raised"),
+        (Faulty("maybe"), "answered 'maybe', not one of evict, queue, reject"),
+    ],
+)
+def test_faulty_overflow_policy_is_named_and_the_request_waits_as_under_block(
+    policy: Faulty, complaint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A policy's fault on the request path is logged naming its plugin, and the request
+    queues for the next seat instead of failing."""
+
+    @hookimpl
+    def obleth_overflow_policies() -> object:
+        return {"faulty": lambda settings: policy}
+
+    gateway = Gateway(
+        Settings(global_max_in_flight=1, overflow_policy="faulty"),
+        plugins=[plugin("acme-policy", obleth_overflow_policies=obleth_overflow_policies)],
+        entry_points=False,
+    )
+    ticket = Ticket(tenant="acme")
+
+    async def second_request_after_a_release() -> tuple[int, bool]:
+        await gateway.start()
+        holder = await gateway.scheduler.acquire(ticket)
+        waiter = asyncio.create_task(gateway.scheduler.acquire(ticket))
+        await asyncio.sleep(0)
+        queued = gateway.snapshot().queued
+        holder.release()
+        permit = await asyncio.wait_for(waiter, 10)
+        granted = permit.release()
+        await gateway.stop()
+        return queued, granted
+
+    with caplog.at_level(logging.ERROR, logger="obleth.plugins"):
+        assert asyncio.run(second_request_after_a_release()) == (1, True)
+
+    [record] = [r for r in caplog.records if r.name == "obleth.plugins"]
+    assert "'acme-policy'" in record.getMessage()
+    assert complaint in record.getMessage()
 
 
 def test_classifier_bad_request_reaches_the_client() -> None:

@@ -425,6 +425,49 @@ async def test_a_model_no_upstream_serves_gets_404_model_not_found_and_frees_its
     assert error["type"] == "invalid_request_error"
 
 
+async def test_a_model_name_that_is_no_valid_utf8_is_routed_like_any_other(
+    http: httpx.AsyncClient,
+) -> None:
+    """JSON may carry a lone surrogate (``\\ud800``) in the model name; the router hashes
+    it like any other name, and the request takes and gives back its seat as usual."""
+    body = b'{"model": "m\\ud800", "prompt": "Say something short.", "max_tokens": 2}'
+    async with simulators(1) as sims, routed_gateway(sims) as gateway:
+        response = await http.post(
+            f"{gateway.url}/v1/completions",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        await settled(gateway)
+
+    assert response.status_code == 200, response.text
+    assert sims[0].stats().completed == 1
+
+
+async def test_a_fault_while_routing_gives_the_seat_back(
+    http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever goes wrong while choosing the upstream, the request's seat comes back:
+    the client gets the server's 500 and the next request finds the seat free."""
+    async with simulators(1) as sims, routed_gateway(sims, global_max_in_flight=1) as gateway:
+        router = gateway.gateway.router
+        assert router is not None
+
+        def broken(request: object) -> Decision:
+            raise RuntimeError("a fault while routing")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(router, "route", broken)
+            failed = [
+                (await http.post(f"{gateway.url}/v1/completions", json=SHORT)).status_code
+                for _ in range(3)
+            ]
+        seats_held = gateway.gateway.snapshot().inflight
+        served = await http.post(f"{gateway.url}/v1/completions", json=SHORT)
+
+    assert (failed, seats_held) == ([500, 500, 500], 0)
+    assert served.status_code == 200
+
+
 async def test_an_unhealthy_upstream_gets_no_traffic_until_it_recovers(
     http: httpx.AsyncClient,
 ) -> None:
