@@ -10,10 +10,11 @@ exempt paths (health, metrics, admin) are never queued.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from gateway.asgi.body import RequestBody
 from gateway.asgi.lifespan import run_lifespan
@@ -21,13 +22,15 @@ from gateway.asgi.responses import send_bad_request, send_json_error, send_rejec
 from gateway.builtin.classifier import reader_for
 from gateway.core.tickets import Ticket
 from gateway.core.tickets import ticket as make_ticket
-from gateway.errors import BadRequest, Disconnected, Rejected, Unroutable
+from gateway.errors import BadRequest, Disconnected, OblethError, Rejected, Unroutable
 from gateway.gateway import Gateway
 from gateway.protocols import Classification, Permit, RequestInfo
 from gateway.routing.request import RouteRequest, blocks_of, model_of, parse_body, prompt_text
 from gateway.routing.router import Decision
 from gateway.settings import Settings
 from gateway.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("obleth")
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -43,14 +46,19 @@ class GatewayMiddleware:
 
     ``GatewayMiddleware(app)`` reads ``OBLETH_*`` settings from the environment;
     ``settings=`` or a ready ``gateway=`` may be given instead. Configuration and plugin
-    errors are raised here, when the middleware is built, not on a request.
+    errors are raised here, when the middleware is built, not on a request; except when it
+    is built while the event loop already runs, as Starlette builds its middleware on the
+    first lifespan event: then the error fails the server's startup through lifespan
+    (``lifespan.startup.failed``, with the message), since an exception there would let a
+    server with ``lifespan="auto"`` serve without the gateway; and, for a server without
+    lifespan, every request that is not exempt is answered 503 ``gateway_not_started``.
 
     What the app can rely on: ``scope["state"]["obleth"]``, a read-only mapping, holds
     ``tenant``, ``priority`` and ``waited_s`` of the admitted request; the body it
     receives is the one the client sent, byte for byte. When upstreams are configured
     the record also holds ``upstream`` (the base URL chosen), ``scores`` (why) and
     ``route`` (the router's ``Decision``, whose ``upstream`` follows a retry on another
-    upstream); the request counts against its upstream until the app returns.
+    upstream); the request counts against its upstream until its last byte is sent.
     """
 
     def __init__(
@@ -64,7 +72,15 @@ class GatewayMiddleware:
         if gateway is not None and (settings is not None or plugins):
             raise TypeError("pass either gateway= or settings=/plugins=, not both")
         self.app = app
-        self.gateway = gateway if gateway is not None else Gateway(settings, plugins=plugins)
+        self._retry_after_s = Settings.retry_after_s
+        self._start_complaint = -3600.0
+        try:
+            self.gateway = gateway if gateway is not None else Gateway(settings, plugins=plugins)
+        except OblethError as exc:
+            if not _loop_running():
+                raise
+            self._fail_at_start(exc)
+            return
         config = self.gateway.settings
         self._exempt = frozenset(config.exempt_paths)
         self._exempt_prefixes = tuple(path + "/" for path in config.exempt_paths if path != "/")
@@ -92,6 +108,17 @@ class GatewayMiddleware:
         self._session_header = config.session_header.encode("latin-1")
         self._block_bytes = config.prefix_block_bytes
         self._upstream_header = config.upstream_header
+        self._poll_interval_s = config.upstream_poll_interval_s
+        self._retry_after_s = config.retry_after_s
+
+    def _fail_at_start(self, error: OblethError) -> None:
+        """Serve as a gateway that cannot start: lifespan reports ``error`` to the server,
+        requests are answered 503 (see the class docstring)."""
+        self.gateway = cast(Gateway, _Unassembled(error))
+        self._exempt = frozenset()
+        self._exempt_prefixes = ()
+        self._exempt_by_path = {}
+        self._fast_seats = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -120,14 +147,31 @@ class GatewayMiddleware:
         if not seats.take(ticket):
             await self._admit(scope, receive, send, ticket)
             return
+        # the seat comes back once: when the response's last byte is handed to the server
+        # (see _ending_at_last_byte), or when the app returns without having sent it
+        held = True
+
+        async def send_then_give_back(message: Message) -> None:
+            nonlocal held
+            await send(message)
+            if (
+                message["type"] == "http.response.body"
+                and not message.get("more_body", False)
+                and held
+            ):
+                held = False
+                seats.give_back(ticket)
+
         try:
-            scope["state"]["obleth"] = self._at_once[ticket]
-        except KeyError:
-            self._record_at_once(scope, ticket)
-        try:
-            await self.app(scope, receive, send)
+            try:
+                scope["state"]["obleth"] = self._at_once[ticket]
+            except (KeyError, TypeError):
+                self._record_at_once(scope, ticket)
+            await self.app(scope, receive, send_then_give_back)
         finally:
-            seats.give_back(ticket)
+            if held:
+                held = False
+                seats.give_back(ticket)
 
     def _learn_exempt(self, path: str) -> bool:
         """Whether ``path`` is exempt. A path with a ``.`` or ``..`` segment never is: the
@@ -146,7 +190,8 @@ class GatewayMiddleware:
 
     def _record_at_once(self, scope: Scope, ticket: Ticket) -> None:
         """The fast path's record when its one-line store failed: the ticket is new, or
-        the server gave the scope no ``state`` (then the record may well be remembered)."""
+        the server gave the scope no ``state`` or None (then the record may well be
+        remembered)."""
         record = self._at_once.get(ticket)
         if record is None:
             if len(self._at_once) >= _REMEMBERED:
@@ -163,7 +208,11 @@ class GatewayMiddleware:
         A gateway that was never started (no lifespan) or was stopped starts here: its
         free seats stay closed until then."""
         if not self.gateway.started:
-            await self.gateway.start()
+            try:
+                await self.gateway.start()
+            except Exception as exc:
+                await self._answer_not_started(send, exc)
+                return
         plugins = self._plugins
         body: RequestBody | None = None
         payload = None
@@ -195,14 +244,23 @@ class GatewayMiddleware:
         if self._router is not None:
             await self._run_routed(scope, receive, send, body, payload, classification, permit)
             return
-        _state(scope)["obleth"] = _record_of(ticket, permit.waited_s)
-        if not self._observes:
-            try:
-                await self.app(scope, receive if body is None else body.replay, send)
-            finally:
-                permit.release()
-            return
-        await self._run_observed(scope, receive, send, body, permit)
+        send = _ending_at_last_byte(send, permit.release)
+        await self._run(scope, receive, send, body, permit, _record_of(ticket, permit.waited_s))
+
+    async def _answer_not_started(self, send: Send, error: Exception) -> None:
+        """503 for a request that found the gateway unable to start (no lifespan told the
+        server); the reason goes to the log, at most once a minute."""
+        now = time.monotonic()
+        if now - self._start_complaint >= 60.0:
+            self._start_complaint = now
+            log.error("the gateway could not start, so it admits nothing: %s", error)
+        await send_json_error(
+            send,
+            503,
+            "the gateway could not start, so it admits no request; the server's log says why",
+            code="gateway_not_started",
+            retry_after_s=self._retry_after_s,
+        )
 
     async def _wait_for_seat(
         self, ticket: Ticket, scope: Scope, body: RequestBody, send: Send
@@ -221,15 +279,43 @@ class GatewayMiddleware:
             self._plugins.admitted(_info(ticket, scope), permit.waited_s)
         return permit
 
-    async def _run_observed(
-        self, scope: Scope, receive: Receive, send: Send, body: RequestBody | None, permit: Permit
+    async def _run(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        body: RequestBody | None,
+        permit: Permit,
+        record: Record,
     ) -> None:
-        """Run the app and tell observers how it ended (completed, error or cancelled)."""
+        """Run the app with ``record`` in its scope. ``send`` gives the seats back at the
+        last byte; the ``finally`` here does if it did not."""
+        if self._observes:
+            await self._run_observed(scope, receive, send, body, permit, record)
+            return
+        try:
+            _state(scope)["obleth"] = record
+            await self.app(scope, receive if body is None else body.replay, send)
+        finally:
+            permit.release()
+
+    async def _run_observed(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        body: RequestBody | None,
+        permit: Permit,
+        record: Record,
+    ) -> None:
+        """``_run``, telling observers how the request ended (completed, error or
+        cancelled)."""
         if body is None:
             body = RequestBody(receive, self._max_body)
         started = time.monotonic()
         outcome = "error"
         try:
+            _state(scope)["obleth"] = record
             await self.app(scope, body.replay, send)
             outcome = "cancelled" if body.disconnected else "completed"
         except asyncio.CancelledError:
@@ -258,29 +344,35 @@ class GatewayMiddleware:
             permit.release()
             if self._observes:
                 self._plugins.finished(_info(permit.ticket, scope), 0.0, "error")
-            await send_json_error(send, exc.status, str(exc), code=exc.code)
+            # a 503 (no healthy upstream) may be retried after the next health check
+            retry = self._poll_interval_s if exc.status == 503 else None
+            await send_json_error(send, exc.status, str(exc), code=exc.code, retry_after_s=retry)
             return
         except BaseException:
             permit.release()
             raise
-        _state(scope)["obleth"] = _record_of(
-            permit.ticket,
-            permit.waited_s,
-            upstream=decision.upstream,
-            scores=decision.scores,
-            route=decision,
-        )
-        if self._plugins.observes_routing:
-            self._plugins.routed(_info(permit.ticket, scope), decision.upstream, decision.scores)
-        send = _ending_at_last_byte(send, decision, permit, self._upstream_header)
-        try:
-            if self._observes:
-                await self._run_observed(scope, receive, send, body, permit)
-            else:
-                await self.app(scope, receive if body is None else body.replay, send)
-        finally:
+
+        def end() -> None:
             decision.finish()
             permit.release()
+
+        try:
+            record = _record_of(
+                permit.ticket,
+                permit.waited_s,
+                upstream=decision.upstream,
+                scores=decision.scores,
+                route=decision,
+            )
+            if self._plugins.observes_routing:
+                self._plugins.routed(
+                    _info(permit.ticket, scope), decision.upstream, decision.scores
+                )
+            upstream = decision.upstream.encode("latin-1") if self._upstream_header else None
+            send = _ending_at_last_byte(send, end, upstream)
+            await self._run(scope, receive, send, body, permit, record)
+        finally:
+            end()
 
     def _route(
         self,
@@ -315,28 +407,56 @@ class GatewayMiddleware:
         return self._router.route(request)
 
 
-def _ending_at_last_byte(send: Send, decision: Decision, permit: Permit, name: bool) -> Send:
-    """``send`` that finishes the routing decision and releases the seats as soon as the
-    response's last byte is handed to the server, and (with ``name``) adds
-    ``x-obleth-upstream``.
+def _ending_at_last_byte(
+    send: Send, end: Callable[[], object], upstream: bytes | None = None
+) -> Send:
+    """``send`` that calls ``end()`` (which gives the seats back, and ends the routing
+    decision) as soon as the response's last byte is handed to the server, and with
+    ``upstream`` adds ``x-obleth-upstream``.
 
-    An app such as the proxy may take a few more event-loop turns to return after that;
-    a client sending its next request at once must not find its own seat still taken.
-    The ``finally`` around the app stays as the backstop: both calls count once.
+    An app may take more event-loop turns to return after that (a proxy closing its
+    upstream connection, a streaming response tearing down, background tasks), and the
+    server may already be reading the client's next request on the same connection: it
+    must not find the previous request's seat still taken. ``end`` must count once however
+    often it is called: the ``finally`` around the app calls it again as the backstop.
     """
 
     async def send_and_end(message: Message) -> None:
         kind = message["type"]
-        if kind == "http.response.start" and name:
+        if kind == "http.response.start" and upstream is not None:
             headers = list(message.get("headers", []))
-            headers.append((b"x-obleth-upstream", decision.upstream.encode("latin-1")))
+            headers.append((b"x-obleth-upstream", upstream))
             message = {**message, "headers": headers}
         await send(message)
         if kind == "http.response.body" and not message.get("more_body", False):
-            decision.finish()
-            permit.release()
+            end()
 
     return send_and_end
+
+
+class _Unassembled:
+    """What ``GatewayMiddleware.gateway`` holds when the gateway could not be assembled
+    while the server ran: a gateway that never starts, whose ``start()`` raises the
+    assembly error each time it is asked."""
+
+    started = False
+
+    def __init__(self, error: OblethError) -> None:
+        self.error = error
+
+    async def start(self) -> None:
+        raise self.error.with_traceback(None)
+
+    async def stop(self) -> None:
+        pass
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _record_of(ticket: Ticket, waited_s: float, **routing: object) -> Record:
@@ -362,5 +482,5 @@ def _has_json_body(scope: Scope) -> bool:
         return False
     for name, value in scope["headers"]:
         if name == b"content-type":
-            return bool(value.startswith(b"application/json"))
+            return bool(value.lower().startswith(b"application/json"))
     return False

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from gateway import GatewayMiddleware, Settings
+from gateway import GatewayMiddleware, Settings, Ticket, hookimpl
 from gateway.types import Receive, Scope, Send
 from tests.asgi.conftest import Client, http_scope
 
@@ -69,6 +69,56 @@ def test_streamed_response_holds_its_seat_until_the_last_chunk() -> None:
         assert client.text == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
         assert seen_inflight == [1, 1, 1]
         assert_released_once(gw, 1)
+
+    run(scenario)
+
+
+class Observer:
+    """A plugin that observes requests, which puts them on the observed path."""
+
+    @hookimpl
+    def obleth_request_finished(self, outcome: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("path", ["free seat", "observed", "waited"])
+def test_the_seat_comes_back_at_the_last_byte_before_the_app_returns(path: str) -> None:
+    """An app that goes on after its last byte (a proxy closing its upstream connection,
+    background tasks) no longer holds the seat: the same client's next request, under a
+    tenant cap of 1, is admitted while the first app is still running, and the seat is
+    counted back once."""
+    after_last_byte = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"done"})
+        if scope["path"] == "/first":
+            after_last_byte.set()
+            await finish.wait()
+
+    async def scenario() -> None:
+        plugins = [Observer()] if path == "observed" else []
+        gw = GatewayMiddleware(
+            app,
+            Settings(global_max_in_flight=1, tenant_max_in_flight={"*": 1}),
+            plugins=plugins,
+        )
+        first = Client()
+        if path == "waited":
+            holder = await gw.gateway.scheduler.acquire(Ticket("other"))
+        running = asyncio.create_task(gw(http_scope("/first"), first.receive, first.send))
+        if path == "waited":
+            await asyncio.sleep(0)
+            assert gw.gateway.snapshot().queued == 1
+            holder.release()
+        await asyncio.wait_for(after_last_byte.wait(), 2)
+        second = Client()
+        await asyncio.wait_for(gw(http_scope("/second"), second.receive, second.send), 2)
+        finish.set()
+        await running
+        assert (first.status, second.status) == (200, 200)
+        assert_released_once(gw, 3 if path == "waited" else 2)
 
     run(scenario)
 

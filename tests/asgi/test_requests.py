@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
 from gateway import Classification, GatewayMiddleware, Settings, Ticket, hookimpl
 from gateway.builtin.classifier import tenant_of_key
+from gateway.loopback import serve_in_task
 from gateway.types import Message, Receive, Scope, Send
 from tests.asgi.conftest import Client, http_scope
 
@@ -74,6 +81,40 @@ def test_json_body_reaches_the_app_byte_for_byte() -> None:
         assert classifier.bodies == [body]
         assert app.bodies == [body] and client.text == body
         assert app.states[0]["tenant"] == "m"
+
+    run(scenario)
+
+
+def test_a_json_content_type_is_recognised_in_any_case() -> None:
+    """``Application/JSON; charset=UTF-8`` is JSON: the body reaches the classifier."""
+    body = json.dumps({"model": "m"}).encode()
+
+    async def scenario() -> None:
+        classifier = ModelClassifier()
+        gw = GatewayMiddleware(Echo(), Settings(), plugins=[classifier])
+        client = Client(body=body)
+        headers = {"content-type": "Application/JSON; charset=UTF-8"}
+        await gw(http_scope(headers=headers), client.receive, client.send)
+        assert classifier.bodies == [body] and client.status == 200
+
+    run(scenario)
+
+
+def test_a_scope_whose_state_is_none_still_gets_its_record_and_gives_the_seat_back() -> None:
+    """A server may pass ``state: None``; the record is stored in a new dict, on the path
+    that takes a free seat as on the others."""
+
+    async def scenario() -> None:
+        app = Echo()
+        gw = GatewayMiddleware(app, Settings(global_max_in_flight=1))
+        for _ in range(3):
+            client = Client()
+            scope = {**http_scope(), "state": None}
+            await gw(scope, client.receive, client.send)
+            assert client.status == 200
+        assert [state["tenant"] for state in app.states] == ["anonymous"] * 3
+        scheduler = gw.gateway.scheduler
+        assert (scheduler.admitted, scheduler.released) == (3, 3)
 
     run(scenario)
 
@@ -493,6 +534,63 @@ def test_a_real_server_does_not_serve_when_the_gateway_cannot_start() -> None:
         run(scenario)
     assert exit_.value.code == 3
     assert not server.started and not gw.gateway.started
+
+
+def starlette_app_with_gateway(started: list[str]) -> Starlette:
+    """The README's way: ``add_middleware(GatewayMiddleware)``, settings from the
+    environment; Starlette builds the middleware on the first event it serves."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        started.append("app")
+        yield
+
+    app = Starlette(
+        routes=[Route("/", lambda request: PlainTextResponse("hello"))], lifespan=lifespan
+    )
+    app.add_middleware(GatewayMiddleware)
+    return app
+
+
+def test_a_bad_environment_stops_a_starlette_app_at_startup(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """uvicorn with its default ``lifespan="auto"`` exits at startup, the log naming the
+    variable, instead of serving every request a traceback."""
+    monkeypatch.setenv("OBLETH_GLOBAL_MAX_IN_FLIGHT", "0")
+    started: list[str] = []
+    app = starlette_app_with_gateway(started)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical"))
+
+    async def scenario() -> None:
+        await asyncio.wait_for(server.serve(), 10)
+
+    with caplog.at_level(logging.ERROR, logger="obleth"), pytest.raises(SystemExit):
+        run(scenario)
+    assert not server.started and started == []
+    assert any("OBLETH_GLOBAL_MAX_IN_FLIGHT=0" in r.getMessage() for r in caplog.records)
+
+
+def test_a_bad_environment_without_lifespan_answers_503_and_logs_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Served without lifespan, the app is never reached: each request gets a JSON 503
+    ``gateway_not_started`` with ``Retry-After``, and the log says why, once."""
+    monkeypatch.setenv("OBLETH_GLOBAL_MAX_IN_FLIGHT", "0")
+
+    async def scenario() -> None:
+        app = starlette_app_with_gateway([])
+        async with serve_in_task(app, lifespan="off") as server, httpx.AsyncClient() as http:
+            responses = [await http.get(f"{server.url}/") for _ in range(3)]
+        for response in responses:
+            assert response.status_code == 503
+            assert response.headers["retry-after"] == "1"
+            assert response.json()["error"]["code"] == "gateway_not_started"
+
+    with caplog.at_level(logging.ERROR, logger="obleth"):
+        run(scenario)
+    logged = [r.getMessage() for r in caplog.records if r.name == "obleth"]
+    assert len(logged) == 1 and "OBLETH_GLOBAL_MAX_IN_FLIGHT=0" in logged[0]
 
 
 def test_a_gateway_not_started_or_stopped_starts_on_the_next_request() -> None:

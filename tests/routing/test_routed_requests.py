@@ -468,6 +468,27 @@ async def test_a_fault_while_routing_gives_the_seat_back(
     assert served.status_code == 200
 
 
+async def test_with_every_upstream_unhealthy_a_request_gets_503_with_retry_after(
+    http: httpx.AsyncClient,
+) -> None:
+    """No healthy upstream: 503 ``no_healthy_upstream`` with ``Retry-After`` (the next
+    health check), and the seat is given back."""
+    async with (
+        simulators(1) as sims,
+        routed_gateway(sims, upstream_poll_interval_s=2.0) as gateway,
+    ):
+        sims[0].health.failing = True
+        readings = gateway.gateway.readings
+        await eventually(lambda: not readings.get(sims[0].url).healthy, lambda: f"{readings.all()}")
+        response = await http.post(f"{gateway.url}/v1/completions", json=SHORT)
+        seats_held = gateway.gateway.snapshot().inflight
+
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "no_healthy_upstream"
+    assert response.headers["retry-after"] == "2"
+    assert seats_held == 0
+
+
 async def test_an_unhealthy_upstream_gets_no_traffic_until_it_recovers(
     http: httpx.AsyncClient,
 ) -> None:
