@@ -13,6 +13,7 @@ import functools
 import math
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -133,6 +134,9 @@ class Settings:
     """Proxy: the longest silence allowed inside a streamed response before it is cut."""
     source: Literal["code", "env"] = field(default="code", compare=False, repr=False)
     """Where the values came from, so that errors name what the user actually wrote."""
+    env_names: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    """With ``source="env"``: the settings read from ``OBLETH_*`` variables (the others
+    were given as keywords, such as a command's flags)."""
 
     def __post_init__(self) -> None:
         for spec in _SPECS.values():
@@ -159,12 +163,13 @@ class Settings:
                 hint = f"did you mean {near[0]}? " if near else ""
                 raise ConfigError(key, text, f"no such setting; {hint}known: {', '.join(known)}")
             values[name] = spec.parse_env(key, text)
+        from_env = frozenset(values) - frozenset(overrides)
         values.update(overrides)
-        return cls(**values, source="env")
+        return cls(**values, source="env", env_names=from_env)
 
     def label(self, name: str) -> str:
         """The setting as the user wrote it: the environment variable or the keyword."""
-        return ENV_PREFIX + name.upper() if self.source == "env" else name
+        return ENV_PREFIX + name.upper() if name in self.env_names else name
 
     def error(self, name: str, value: object, expected: str) -> ConfigError:
         return ConfigError(self.label(name), value, expected)
@@ -385,6 +390,7 @@ _REDIS_SCHEMES = (
     "redis+cluster",
     "rediss+cluster",
 )
+_HOST = re.compile(r"^[A-Za-z0-9_.:%-]+$")
 _POOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -400,7 +406,31 @@ def _check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
         raise settings.error(
             name, value, f"unknown scheme {scheme!r}; expected one of {', '.join(_REDIS_SCHEMES)}"
         )
+    if scheme not in ("redis", "rediss"):
+        return value.strip()  # checked where sentinel and cluster URLs, several hosts, are parsed
+    url = urllib.parse.urlsplit(value.strip())
+    shown = _without_password(url)
+    try:
+        port = url.port
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        raise settings.error(name, shown, "the port must be a number from 1 to 65535")
+    if url.hostname is not None and not _HOST.match(url.hostname):
+        raise settings.error(name, shown, f"{url.hostname!r} is no host name or address")
+    database = url.path.strip("/")
+    if database and not database.isdigit():
+        raise settings.error(name, shown, "the path must be a database number, such as /0")
     return value.strip()
+
+
+def _without_password(url: urllib.parse.SplitResult) -> str:
+    """The URL for an error message: a password in it is replaced by ``***``."""
+    if url.password is None:
+        return url.geturl()
+    user, _, host = url.netloc.rpartition("@")
+    name = user.split(":", 1)[0]
+    return url._replace(netloc=f"{name}:***@{host}").geturl()
 
 
 def _check_pool(settings: Settings, name: str, value: Any) -> str:
@@ -587,7 +617,7 @@ _dataclass_init = Settings.__init__
 @functools.wraps(_dataclass_init)
 def _init_naming_unknown_settings(self: Settings, **kwargs: Any) -> None:
     for name, value in kwargs.items():
-        if name not in _SPECS and name != "source":
+        if name not in _SPECS and name not in ("source", "env_names"):
             raise _unknown_setting(name, value)
     _dataclass_init(self, **kwargs)
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 from collections import Counter
 
 import httpx
+import pytest
 
 from gateway import GatewayMiddleware, Settings
 from gateway.loopback import serve_in_thread
@@ -70,3 +72,39 @@ def test_demo_runs_by_itself_and_reports_the_limit_held() -> None:
     assert "every one released once" in result.stdout
     for tenant in ("gold", "silver", "bronze"):
         assert tenant in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("tenants", "complaint"),
+    [
+        ("göld:2,free:1", "tenant 'göld': names are sent as a header, so ASCII only"),
+        ("gold:1,gold:2", "tenant 'gold' is named twice"),
+        ("gold:inf", "weights above 0"),
+    ],
+)
+def test_demo_refuses_tenants_it_could_not_run(tenants: str, complaint: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "demo", "--tenants", tenants, "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert complaint in result.stderr and "Traceback" not in result.stderr
+
+
+def test_demo_stopped_by_ctrl_c_stops_its_clients_quietly() -> None:
+    """Ctrl-C mid-run ends the demo with status 130, without a traceback from a client."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "demo", "--duration", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert demo.stdout is not None
+    demo.stdout.readline()  # the first table: the load is running
+    demo.send_signal(signal.SIGINT)
+    _, stderr = demo.communicate(timeout=30)
+    assert demo.returncode == 130
+    assert "Traceback" not in stderr

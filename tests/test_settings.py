@@ -46,9 +46,18 @@ def test_keyword_overrides_win_over_the_environment() -> None:
     assert Settings.from_env(env, global_max_in_flight=3).global_max_in_flight == 3
 
 
+def test_errors_name_a_variable_only_for_values_read_from_the_environment() -> None:
+    """A keyword override (a command's flag) is named as the keyword, a value from the
+    environment as its variable: never a variable the user did not set."""
+    with pytest.raises(ConfigError, match=r"^global_max_in_flight=0"):
+        Settings.from_env({}, global_max_in_flight=0)
+    with pytest.raises(ConfigError, match=r"^OBLETH_MAX_QUEUE=-3"):
+        Settings.from_env({"OBLETH_MAX_QUEUE": "-3"}, global_max_in_flight=5)
+
+
 def test_every_setting_has_an_environment_variable() -> None:
-    """Each Settings field (but its source marker) is reachable as OBLETH_<NAME>."""
-    fields = {f.name for f in dataclasses.fields(Settings)} - {"source"}
+    """Each Settings field (but its source markers) is reachable as OBLETH_<NAME>."""
+    fields = {f.name for f in dataclasses.fields(Settings)} - {"source", "env_names"}
     assert set(setting_names()) == fields
 
 

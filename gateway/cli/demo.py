@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
 
 from gateway.demo.run import DemoOptions, run_demo
 from gateway.demo.tenants import parse_tenants
@@ -37,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.duration <= 0 or args.duration > 3600:
+    if not 0 < args.duration <= 3600:  # also refuses nan
         parser_error = "--duration: expected seconds between 0 and 3600"
         raise SystemExit(f"obleth demo: {parser_error}")
     if args.limit < 1:
@@ -52,4 +54,12 @@ def run(args: argparse.Namespace) -> int:
         tenants=tenants,
         queue_timeout_s=args.queue_timeout,
     )
-    return asyncio.run(run_demo(options))
+    try:
+        return asyncio.run(run_demo(options))
+    except KeyboardInterrupt:
+        return 130  # stopped by Ctrl-C: the clients were stopped, nothing more to say
+    except BrokenPipeError:
+        # the reader went away (`obleth demo | head`); what is still buffered for it must
+        # not fail again at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

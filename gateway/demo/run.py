@@ -81,33 +81,37 @@ async def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                 for index, tenant in enumerate(options.tenants)
                 for n in range(tenant.clients)
             ]
-            next_draw = started
-            while loop.time() < deadline:
-                await asyncio.sleep(SAMPLE_EVERY_S)
-                snapshot = gateway.snapshot()
-                for name, state in snapshot.tenants.items():
-                    if name in tallies:
-                        tallies[name].seat_seconds += state.inflight * SAMPLE_EVERY_S
-                if loop.time() >= next_draw:
-                    next_draw += options.refresh_s if live else 5.0
-                    for name, tally in tallies.items():
-                        tally.waits = recorder.waits[name]
-                    table = live_table(
-                        loop.time() - started,
-                        options.duration_s,
-                        options.tenants,
-                        tallies,
-                        snapshot,
-                        stats.concurrency,
-                        stats.max_concurrency,
-                    )
-                    out.write(("\x1b[H\x1b[J" if live else "\n") + table + "\n")
-                    out.flush()
-            # clients stop starting requests at the deadline; give the last ones a moment
-            _, late = await asyncio.wait(tasks, timeout=2.0)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+            try:
+                next_draw = started
+                while loop.time() < deadline:
+                    await asyncio.sleep(SAMPLE_EVERY_S)
+                    snapshot = gateway.snapshot()
+                    for name, state in snapshot.tenants.items():
+                        if name in tallies:
+                            tallies[name].seat_seconds += state.inflight * SAMPLE_EVERY_S
+                    if loop.time() >= next_draw:
+                        next_draw += options.refresh_s if live else 5.0
+                        for name, tally in tallies.items():
+                            tally.waits = recorder.waits[name]
+                        table = live_table(
+                            loop.time() - started,
+                            options.duration_s,
+                            options.tenants,
+                            tallies,
+                            snapshot,
+                            stats.concurrency,
+                            stats.max_concurrency,
+                        )
+                        out.write(("\x1b[H\x1b[J" if live else "\n") + table + "\n")
+                        out.flush()
+            finally:
+                # clients stop starting requests at the deadline: the last ones get a
+                # moment; none when sampling was cut short (Ctrl-C, a closed pipe)
+                grace = 2.0 if loop.time() >= deadline else 0.0
+                _, late = await asyncio.wait(tasks, timeout=grace)
+                for task in late:
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
         for _ in range(100):  # cancelled clients' seats come back as the server sees them go
             if gateway.snapshot().inflight == 0:
                 break

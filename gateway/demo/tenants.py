@@ -25,7 +25,7 @@ def parse_tenants(text: str, *, limit: int, flood: str | None) -> list[TenantLoa
     tenant gets three times as many. The first tenant sends 10 % ``critical`` requests,
     the second 25 % ``background`` ones, so every class shows up in the table.
     """
-    tenants = []
+    tenants: list[TenantLoad] = []
     for index, part in enumerate(p.strip() for p in text.split(",") if p.strip()):
         name, _, weight_text = part.partition(":")
         try:
@@ -34,8 +34,15 @@ def parse_tenants(text: str, *, limit: int, flood: str | None) -> list[TenantLoa
             raise ConfigError(
                 "--tenants", text, "expected name:weight pairs like gold:4,free:1"
             ) from None
-        if not name or weight <= 0:
+        name = name.strip()
+        if not name or not 0 < weight < float("inf"):
             raise ConfigError("--tenants", text, "expected name:weight pairs with weights above 0")
+        if not name.isascii() or not name.isprintable():
+            raise ConfigError(
+                "--tenants", text, f"tenant {name!r}: names are sent as a header, so ASCII only"
+            )
+        if name in {t.name for t in tenants}:
+            raise ConfigError("--tenants", text, f"tenant {name!r} is named twice")
         tenants.append(
             TenantLoad(
                 name=name,

@@ -100,3 +100,26 @@ def test_bad_urls_stop_startup_naming_the_setting(url: str, complaint: str) -> N
 def test_an_unknown_scheme_is_refused_by_the_settings() -> None:
     with pytest.raises(ConfigError, match="unknown scheme 'http'"):
         Settings(redis_url="http://redis:6379")
+
+
+@pytest.mark.parametrize(
+    ("url", "complaint"),
+    [
+        ("redis://localhost:notaport/0", "the port must be a number from 1 to 65535"),
+        ("redis://localhost:99999/0", "the port must be a number from 1 to 65535"),
+        ("redis:// bad host", "' bad host' is no host name or address"),
+        ("redis://redis:6379/abc", "the path must be a database number"),
+    ],
+)
+def test_a_url_redis_could_not_use_is_refused_by_the_settings(url: str, complaint: str) -> None:
+    """Caught at startup with the setting named, not as a traceback from redis-py."""
+    with pytest.raises(ConfigError, match=complaint) as caught:
+        Settings.from_env({"OBLETH_REDIS_URL": url})
+    assert caught.value.setting == "OBLETH_REDIS_URL"
+
+
+def test_a_refused_url_is_shown_without_its_password() -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings(redis_url="redis://app:s3cret@redis:99999/0")
+    assert "s3cret" not in str(caught.value)
+    assert "redis://app:***@redis:99999/0" in str(caught.value)
