@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -147,13 +147,12 @@ class GatewayMiddleware:
         if not seats.take(ticket):
             await self._admit(scope, receive, send, ticket)
             return
-        # the seat comes back once: when the response's last byte is handed to the server
-        # (see _ending_at_last_byte), or when the app returns without having sent it
+        # the seat comes back once: when the app hands the server the response's last
+        # chunk (see _ending_at_last_byte), or when the app returns without having sent it
         held = True
 
-        async def send_then_give_back(message: Message) -> None:
+        def send_then_give_back(message: Message) -> Awaitable[None]:
             nonlocal held
-            await send(message)
             if (
                 message["type"] == "http.response.body"
                 and not message.get("more_body", False)
@@ -161,6 +160,7 @@ class GatewayMiddleware:
             ):
                 held = False
                 seats.give_back(ticket)
+            return send(message)
 
         try:
             try:
@@ -411,25 +411,30 @@ def _ending_at_last_byte(
     send: Send, end: Callable[[], object], upstream: bytes | None = None
 ) -> Send:
     """``send`` that calls ``end()`` (which gives the seats back, and ends the routing
-    decision) as soon as the response's last byte is handed to the server, and with
+    decision) when the app hands the server the response's last chunk, and with
     ``upstream`` adds ``x-obleth-upstream``.
 
     An app may take more event-loop turns to return after that (a proxy closing its
     upstream connection, a streaming response tearing down, background tasks), and the
     server may already be reading the client's next request on the same connection: it
-    must not find the previous request's seat still taken. ``end`` must count once however
-    often it is called: the ``finally`` around the app calls it again as the backstop.
+    must not find the previous request's seat still taken. The work the seat stood for is
+    done once the last chunk exists; whoever gets the seat next runs when this task next
+    yields, at the earliest while that chunk is being written. ``end`` must count once
+    however often it is called: the ``finally`` around the app calls it again as the
+    backstop. A plain function returning ``send``'s awaitable, not a coroutine of its own:
+    it runs twice per request.
     """
 
-    async def send_and_end(message: Message) -> None:
+    def send_and_end(message: Message) -> Awaitable[None]:
         kind = message["type"]
-        if kind == "http.response.start" and upstream is not None:
-            headers = list(message.get("headers", []))
-            headers.append((b"x-obleth-upstream", upstream))
-            message = {**message, "headers": headers}
-        await send(message)
-        if kind == "http.response.body" and not message.get("more_body", False):
+        if kind == "http.response.start":
+            if upstream is not None:
+                headers = list(message.get("headers", []))
+                headers.append((b"x-obleth-upstream", upstream))
+                message = {**message, "headers": headers}
+        elif kind == "http.response.body" and not message.get("more_body", False):
             end()
+        return send(message)
 
     return send_and_end
 

@@ -84,7 +84,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings.from_env(**overrides)
 
 
-def build_app(settings: Settings) -> ASGIApp:
+def build_app(settings: Settings) -> _Probes:
     """The standalone gateway as one ASGI app (what ``obleth serve`` runs)."""
     if not settings.upstreams:
         raise settings.error(
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     upstreams = ", ".join(str(u) for u in settings.upstreams)
     print(
         f"obleth serve: http://{args.host}:{args.port} -> {upstreams} "
-        f"({settings.routing_policy}), at most {settings.global_max_in_flight} in flight",
+        f"({settings.routing_policy}), at most {app.gateway.capacity.current()} in flight",
         file=sys.stderr,
     )
     uvicorn.run(

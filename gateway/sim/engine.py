@@ -187,22 +187,27 @@ class SimEngine:
     async def _run(self, wakeup: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         config = self._config
+        due: float | None = None  # when the step just taken was due to end
         try:
             while True:
                 if not self._waiting and not self._running:
                     wakeup.clear()
                     await wakeup.wait()
+                    due = None
                     continue
-                started = loop.time()
+                now = loop.time()
+                # A step starts when the previous one was due to end, not when the timer
+                # woke up late for it (a lag of up to one step is made up), so neither the
+                # loop's overhead nor timer lateness adds up over a stream.
+                started = now if due is None else max(min(now, due), now - config.step_s)
                 prefill_tokens = self._admit(started)
                 step_s = (
                     config.step_s
                     + config.step_s_per_seq * len(self._running)
                     + config.prefill_s_per_token * prefill_tokens
                 )
-                # Measured from the step's start so the loop's own overhead is part of
-                # the step instead of adding drift to every token.
-                await asyncio.sleep(max(0.0, started + step_s - loop.time()))
+                due = started + step_s
+                await asyncio.sleep(max(0.0, due - loop.time()))
                 self._complete_step(loop.time())
         finally:
             self._abort_all(loop.time())

@@ -45,7 +45,9 @@ def parse_request(endpoint: Endpoint, body: bytes) -> CompletionRequest:
     """
     try:
         payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers bad UTF-8, bad JSON and integers too long to convert;
+        # RecursionError, nesting deeper than the parser goes
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise InvalidRequest("request body must be a JSON object")

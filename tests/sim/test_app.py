@@ -294,6 +294,8 @@ async def test_metrics_use_vllm_names_and_parse_as_prometheus_text(
     [
         ("/v1/completions", b"{not json", None),
         ("/v1/completions", b"[1, 2]", None),
+        ("/v1/completions", b"[" * 100_000 + b"]" * 100_000, None),
+        ("/v1/completions", b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", None),
         ("/v1/completions", b"{}", "prompt"),
         ("/v1/completions", b'{"prompt": 42}', "prompt"),
         ("/v1/completions", b'{"prompt": [1, 2, 3]}', "prompt"),
