@@ -123,27 +123,37 @@ def test_free_seats_are_closed_until_start_and_after_stop() -> None:
     run(scenario)
 
 
+class PolledPlugin:
+    """Offers the capacity provider ``polled``, whose limit is ``values["x"]``, read on
+    every decision: it has no ``subscribe``, so nobody announces its changes."""
+
+    def __init__(self, values: dict[str, int]) -> None:
+        self.values = values
+
+    @hookimpl
+    def obleth_capacity_providers(self) -> dict[str, object]:
+        values = self.values
+
+        class Polled:
+            def max_in_flight(self) -> int:
+                return values["x"]
+
+        return {"polled": lambda settings: Polled()}
+
+
 @pytest.mark.parametrize("polled", [False, True])
 def test_free_seats_read_the_limit_on_every_take(polled: bool) -> None:
     """The fast path follows the limit the moment it changes: an announced change
     (set_capacity, up or down), alone or next to a provider read on every decision whose
     new value nobody announces."""
     values = {"x": 10}
-
-    class Plugin:
-        @hookimpl
-        def obleth_capacity_providers(self) -> dict[str, object]:
-            class Polled:  # no subscribe()
-                def max_in_flight(self) -> int:
-                    return values["x"]
-
-            return {"polled": lambda settings: Polled()}
+    plugin = PolledPlugin(values)
 
     async def scenario() -> None:
         providers = ["static", "polled"] if polled else ["static"]
         gateway = Gateway(
             Settings(capacity_providers=providers, global_max_in_flight=1),
-            plugins=[Plugin()],
+            plugins=[plugin],
             entry_points=False,
         )
         await gateway.start()
@@ -172,20 +182,12 @@ def test_a_limit_raised_unannounced_lets_the_waiters_in_at_the_next_request() ->
     two requests wait: the next request to arrive hands the free seats to the waiters,
     first come first, and takes the one left, although nothing was in flight to release."""
     values = {"x": 0}
-
-    class Plugin:
-        @hookimpl
-        def obleth_capacity_providers(self) -> dict[str, object]:
-            class Polled:  # no subscribe()
-                def max_in_flight(self) -> int:
-                    return values["x"]
-
-            return {"polled": lambda settings: Polled()}
+    plugin = PolledPlugin(values)
 
     async def scenario() -> None:
         gateway = Gateway(
             Settings(capacity_providers=["static", "polled"], global_max_in_flight=10),
-            plugins=[Plugin()],
+            plugins=[plugin],
             entry_points=False,
         )
         await gateway.start()

@@ -58,7 +58,7 @@ class GatewayMiddleware:
     receives is the one the client sent, byte for byte. When upstreams are configured
     the record also holds ``upstream`` (the base URL chosen), ``scores`` (why) and
     ``route`` (the router's ``Decision``, whose ``upstream`` follows a retry on another
-    upstream); the request counts against its upstream until its last byte is sent.
+    upstream); the request counts against its upstream until its last chunk is sent.
     """
 
     def __init__(
@@ -335,7 +335,8 @@ class GatewayMiddleware:
         classification: Classification | None,
         permit: Permit,
     ) -> None:
-        """Choose the upstream, then run the app; the choice counts until the app returns.
+        """Choose the upstream, then run the app; the choice counts until the response's
+        last chunk (or until the app returns without it).
 
         The seats come back however routing ends, an unexpected error included."""
         try:
