@@ -96,8 +96,15 @@ def test_demo_refuses_tenants_it_could_not_run(tenants: str, complaint: str) -> 
 
 def test_demo_stopped_by_ctrl_c_stops_its_clients_quietly() -> None:
     """Ctrl-C mid-run ends the demo with status 130, without a traceback from a client."""
+    # as a terminal would have it: a shell running this in the background may have left
+    # SIGINT ignored, which the child would inherit
+    start = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv = ['obleth', 'demo', '--duration', '30']; "
+        "runpy.run_module('gateway', run_name='__main__')"
+    )
     demo = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "demo", "--duration", "30"],
+        [sys.executable, "-c", start],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
