@@ -371,12 +371,9 @@ class Plugins:
 
     def complain(self, plugin: str, problem: str) -> None:
         """Log that ``plugin`` failed on the request path (rate-limited per plugin)."""
-        now = time.monotonic()
-        if now - self._last_complaint.get(plugin, -3600.0) < 60.0:
-            return
-        self._last_complaint[plugin] = now
-        origin = self.distribution_of(plugin) or "registered by the application"
-        log.error("plugin %r (%s): %s; the request goes on without it", plugin, origin, problem)
+        if self._may_complain(plugin):
+            origin = self._origin_text(plugin)
+            log.error("plugin %r (%s): %s; the request goes on without it", plugin, origin, problem)
 
     def is_builtin(self, plugin: str) -> bool:
         """Whether ``plugin`` is one of Obleth's own built-in plugins."""
@@ -392,15 +389,24 @@ class Plugins:
     def _complain(self, plugin: str, what: str, problem: str | None = None) -> None:
         """Log that ``what`` of ``plugin`` failed on the request path (``problem``, or the
         exception being handled), at most once a minute per plugin."""
-        now = time.monotonic()
-        if now - self._last_complaint.get(plugin, -3600.0) < 60.0:
+        if not self._may_complain(plugin):
             return
-        self._last_complaint[plugin] = now
-        where = f"plugin {plugin!r} ({self.distribution_of(plugin)}), {what}"
+        where = f"plugin {plugin!r} ({self._origin_text(plugin)}), {what}"
         if problem is None:
             log.exception("%s raised; the request goes on without it", where)
         else:
             log.error("%s %s; the request goes on without it", where, problem)
+
+    def _may_complain(self, plugin: str) -> bool:
+        """Whether a complaint about ``plugin`` may be logged now: one a minute per plugin."""
+        now = time.monotonic()
+        if now - self._last_complaint.get(plugin, -3600.0) < 60.0:
+            return False
+        self._last_complaint[plugin] = now
+        return True
+
+    def _origin_text(self, plugin: str) -> str:
+        return self.distribution_of(plugin) or "registered by the application"
 
     # -- naming -----------------------------------------------------------------------------
 

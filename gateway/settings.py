@@ -132,11 +132,9 @@ class Settings:
     """Proxy: how long an upstream may take to start its response before the client gets 504."""
     upstream_read_timeout_s: float | None = 300.0
     """Proxy: the longest silence allowed inside a streamed response before it is cut."""
-    source: Literal["code", "env"] = field(default="code", compare=False, repr=False)
-    """Where the values came from, so that errors name what the user actually wrote."""
     env_names: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
-    """With ``source="env"``: the settings read from ``OBLETH_*`` variables (the others
-    were given as keywords, such as a command's flags)."""
+    """The settings read from ``OBLETH_*`` variables (by ``from_env``; the others were given
+    as keywords, such as a command's flags), so that errors name what the user wrote."""
 
     def __post_init__(self) -> None:
         for spec in _SPECS.values():
@@ -165,7 +163,7 @@ class Settings:
             values[name] = spec.parse_env(key, text)
         from_env = frozenset(values) - frozenset(overrides)
         values.update(overrides)
-        return cls(**values, source="env", env_names=from_env)
+        return cls(**values, env_names=from_env)
 
     def label(self, name: str) -> str:
         """The setting as the user wrote it: the environment variable or the keyword."""
@@ -617,7 +615,7 @@ _dataclass_init = Settings.__init__
 @functools.wraps(_dataclass_init)
 def _init_naming_unknown_settings(self: Settings, **kwargs: Any) -> None:
     for name, value in kwargs.items():
-        if name not in _SPECS and name not in ("source", "env_names"):
+        if name not in _SPECS and name != "env_names":
             raise _unknown_setting(name, value)
     _dataclass_init(self, **kwargs)
 

@@ -288,28 +288,16 @@ class GatewayMiddleware:
         permit: Permit,
         record: Record,
     ) -> None:
-        """Run the app with ``record`` in its scope. ``send`` gives the seats back at the
-        last byte; the ``finally`` here does if it did not."""
-        if self._observes:
-            await self._run_observed(scope, receive, send, body, permit, record)
+        """Run the app with ``record`` in its scope, telling observers (if any) how the
+        request ended: completed, error or cancelled. ``send`` gives the seats back at the
+        last chunk; the ``finally`` here does if it did not."""
+        if not self._observes:
+            try:
+                _state(scope)["obleth"] = record
+                await self.app(scope, receive if body is None else body.replay, send)
+            finally:
+                permit.release()
             return
-        try:
-            _state(scope)["obleth"] = record
-            await self.app(scope, receive if body is None else body.replay, send)
-        finally:
-            permit.release()
-
-    async def _run_observed(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        body: RequestBody | None,
-        permit: Permit,
-        record: Record,
-    ) -> None:
-        """``_run``, telling observers how the request ended (completed, error or
-        cancelled)."""
         if body is None:
             body = RequestBody(receive, self._max_body)
         started = time.monotonic()
