@@ -94,6 +94,28 @@ def test_demo_refuses_tenants_it_could_not_run(tenants: str, complaint: str) -> 
     assert complaint in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("flags", "complaint"),
+    [
+        (["--policy", "fifo"], "--policy fifo: no overflow policy by that name; installed: block"),
+        (["--queue-timeout", "-1"], "--queue-timeout -1.0: expected a finite number of seconds"),
+        (["--max-queue", "-3"], "--max-queue -3: "),
+    ],
+)
+def test_demo_names_the_flag_of_a_bad_setting(flags: list[str], complaint: str) -> None:
+    """A flag the gateway cannot use stops the demo before any load, naming the flag."""
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "demo", *flags, "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert complaint in result.stderr and "Traceback" not in result.stderr
+    assert "obleth demo" not in result.stdout  # no table: nothing ran
+
+
 def test_demo_stopped_by_ctrl_c_stops_its_clients_quietly() -> None:
     """Ctrl-C mid-run ends the demo with status 130, without a traceback from a client."""
     # as a terminal would have it: a shell running this in the background may have left

@@ -9,6 +9,15 @@ import sys
 
 from gateway.demo.run import DemoOptions, run_demo
 from gateway.demo.tenants import parse_tenants
+from gateway.errors import ConfigError
+
+#: the demo's flag for each setting it passes on, so that an error names what was typed
+_FLAG_OF = {
+    "global_max_in_flight": "--limit",
+    "overflow_policy": "--policy",
+    "queue_timeout_s": "--queue-timeout",
+    "max_queue": "--max-queue",
+}
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,6 +44,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--queue-timeout", type=float, default=5.0, help="queue_timeout_s in seconds (5)"
     )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="max_queue, the most requests waiting at once (the setting's default, 1024, "
+        "which this load never fills; try 24 to see the overflow policies differ)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -53,9 +69,15 @@ def run(args: argparse.Namespace) -> int:
         policy=args.policy,
         tenants=tenants,
         queue_timeout_s=args.queue_timeout,
+        max_queue=args.max_queue,
     )
     try:
         return asyncio.run(run_demo(options))
+    except ConfigError as exc:
+        flag = _FLAG_OF.get(exc.setting)
+        if flag is None:
+            raise
+        raise SystemExit(f"obleth demo: {flag} {exc.value}: {exc.expected}") from None
     except KeyboardInterrupt:
         return 130  # stopped by Ctrl-C: the clients were stopped, nothing more to say
     except BrokenPipeError:

@@ -17,7 +17,8 @@ from gateway.protocols import RequestInfo
 
 @dataclass
 class Tally:
-    """What one tenant's clients saw; waits come from the gateway's own observer hook."""
+    """What one tenant's clients saw. ``waits`` come from the gateway's own observer hook,
+    one per admission: their number is how many requests the tenant had admitted."""
 
     completed: int = 0
     rejected: Counter[str] = field(default_factory=Counter)

@@ -16,6 +16,7 @@ from gateway.core.fairshare import fair_shares
 from gateway.demo.load import Tally, WaitRecorder, run_client
 from gateway.demo.table import live_table, summary
 from gateway.demo.tenants import TenantLoad
+from gateway.gateway import Gateway
 from gateway.loopback import serve_in_task
 from gateway.proxy.client import KEEPALIVE_EXPIRY_S
 from gateway.settings import Settings
@@ -31,6 +32,8 @@ class DemoOptions:
     policy: str
     tenants: Sequence[TenantLoad]
     queue_timeout_s: float
+    #: None: the setting's default
+    max_queue: int | None = None
     refresh_s: float = 0.5
 
 
@@ -41,6 +44,7 @@ async def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
         global_max_in_flight=options.limit,
         overflow_policy=options.policy,
         queue_timeout_s=options.queue_timeout_s,
+        max_queue=Settings.max_queue if options.max_queue is None else options.max_queue,
         tenant_header="x-tenant",
         tenant_weights={t.name: t.weight for t in options.tenants},
         trust_priority_header=True,
@@ -48,8 +52,10 @@ async def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     recorder = WaitRecorder()
     # the backend has more batch slots than the limit, so the gateway is what holds it back
     backend = create_app(SimConfig(max_num_seqs=options.limit * 2))
-    app = GatewayMiddleware(backend, settings, plugins=[recorder])
-    gateway = app.gateway
+    # assembled here, not by the middleware: built while the loop runs, the middleware
+    # would defer a bad setting (an unknown policy) to the server's startup
+    gateway = Gateway(settings, plugins=[recorder])
+    app = GatewayMiddleware(backend, gateway=gateway)
     stats = backend.state.stats
     tallies = {t.name: Tally() for t in options.tenants}
     live = out.isatty()

@@ -33,11 +33,11 @@ def live_table(
 ) -> str:
     lines = [
         f"obleth demo  {elapsed_s:5.1f}/{duration_s:.0f} s   limit {snapshot.limit}   "
-        f"in flight {snapshot.inflight}   queued {snapshot.queued}   "
+        f"in flight {snapshot.inflight}   queued {snapshot.queued}/{snapshot.max_queue}   "
         f"backend now {backend_now}, max {backend_max}",
         "",
-        f"{'tenant':<10}{'weight':>7}{'clients':>8}{'running':>8}{'waiting':>8}{'done':>7}"
-        f"{'wait p50':>10}{'wait p99':>10}  rejected",
+        f"{'tenant':<10}{'weight':>7}{'clients':>8}{'admitted':>9}{'running':>8}{'waiting':>8}"
+        f"{'done':>7}{'wait p50':>10}{'wait p99':>10}  rejected",
     ]
     for tenant in tenants:
         tally = tallies[tenant.name]
@@ -46,7 +46,8 @@ def live_table(
         waiting = sum(state.queued.values()) if state else 0
         rejected = ", ".join(f"{r} {tally.rejected[r]}" for r in REASONS if tally.rejected[r])
         lines.append(
-            f"{tenant.name:<10}{tenant.weight:>7g}{tenant.clients:>8}{running:>8}{waiting:>8}"
+            f"{tenant.name:<10}{tenant.weight:>7g}{tenant.clients:>8}{len(tally.waits):>9}"
+            f"{running:>8}{waiting:>8}"
             f"{tally.completed:>7}{_ms(percentile(tally.waits, 50)):>10}"
             f"{_ms(percentile(tally.waits, 99)):>10}  {rejected or '-'}"
         )
@@ -66,14 +67,15 @@ def summary(
     lines = [
         "",
         "Share of seats held over the run, against the weighted max-min fair share:",
-        f"{'tenant':<10}{'weight':>7}{'held':>8}{'fair':>8}{'done':>7}{'rejected':>10}",
+        f"{'tenant':<10}{'weight':>7}{'held':>8}{'fair':>8}{'admitted':>9}{'done':>7}"
+        f"{'rejected':>10}",
     ]
     for tenant in tenants:
         tally = tallies[tenant.name]
         lines.append(
             f"{tenant.name:<10}{tenant.weight:>7g}"
             f"{tally.seat_seconds / total_seat_s:>8.1%}{fair[tenant.name]:>8.1%}"
-            f"{tally.completed:>7}{sum(tally.rejected.values()):>10}"
+            f"{len(tally.waits):>9}{tally.completed:>7}{sum(tally.rejected.values()):>10}"
         )
     notes = [f"{t.name} sends {t.critical_share:.0%} critical" for t in tenants if t.critical_share]
     notes += [
