@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from gateway.protocols import CapacityProvider
 
@@ -16,7 +16,8 @@ log = logging.getLogger("obleth.capacity")
 
 
 class ProviderFailed(ValueError):
-    """A provider could not give its first value; ``provider`` is its name."""
+    """A provider could not give its first value, or could not be subscribed to;
+    ``provider`` is its name."""
 
     def __init__(self, provider: str, problem: str) -> None:
         self.provider = provider
@@ -32,10 +33,18 @@ class Capacity:
     once per change instead of once per decision; the others are read every time.
     """
 
-    def __init__(self, providers: Sequence[tuple[str, CapacityProvider]]) -> None:
+    def __init__(
+        self,
+        providers: Sequence[tuple[str, CapacityProvider]],
+        *,
+        origins: Mapping[str, str] | None = None,
+    ) -> None:
+        """``origins`` says, for a provider's name, where it comes from (its plugin and
+        distribution), for the log lines about a faulty provider."""
         if not providers:
             raise ValueError("Capacity needs at least one provider")
         self._providers = list(providers)
+        self._origins = dict(origins or {})
         self._last_good = [0 for _ in providers]
         self._last_complaint = [float("-inf") for _ in providers]
         self._subscribers: list[Callable[[], None]] = []
@@ -44,7 +53,11 @@ class Capacity:
             self._last_good[index] = self._read(index, provider, initial=True)
             subscribe = getattr(provider, "subscribe", None)
             if callable(subscribe):
-                subscribe(lambda index=index: self._changed(index))
+                try:
+                    subscribe(lambda index=index: self._changed(index))
+                except Exception as exc:
+                    name = self._providers[index][0]
+                    raise ProviderFailed(name, f"subscribe() raised {exc!r}") from exc
             else:
                 self._polled.append(index)
         self._announced = self._announced_minimum()
@@ -108,11 +121,13 @@ class Capacity:
             return
         self._last_complaint[index] = now
         name = self._providers[index][0]
+        origin = self._origins.get(name, "")
         if value is None:
-            log.exception("capacity provider %r raised; keeping its last value", name)
+            log.exception("capacity provider %r%s raised; keeping its last value", name, origin)
         else:
             log.error(
-                "capacity provider %r returned %r, not an int >= 0; keeping its last value",
+                "capacity provider %r%s returned %r, not an int >= 0; keeping its last value",
                 name,
+                origin,
                 value,
             )

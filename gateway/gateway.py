@@ -62,12 +62,18 @@ class Gateway:
             urls,
             stale_after_s=STALE_AFTER_INTERVALS * self.settings.upstream_poll_interval_s,
         )
-        for provider in self.providers.values():
-            use_readings = getattr(provider, "use_readings", None)
-            if use_readings is not None:
-                use_readings(self.readings)
+        origins = {
+            name: self.plugins.origin_text("capacity provider", name) for name in self.providers
+        }
         try:
-            self.capacity = Capacity(list(self.providers.items()))
+            for name, provider in self.providers.items():
+                use_readings = getattr(provider, "use_readings", None)
+                if use_readings is not None:
+                    try:
+                        use_readings(self.readings)
+                    except Exception as exc:
+                        raise ProviderFailed(name, f"use_readings() raised {exc!r}") from exc
+            self.capacity = Capacity(list(self.providers.items()), origins=origins)
         except ProviderFailed as exc:
             plugin = self.plugins.plugin_of("capacity provider", exc.provider)
             raise PluginError(

@@ -2,7 +2,7 @@
 
 One ``Plugins`` per gateway (no module globals). Built-ins are registered through the
 same door as third-party plugins, then entry points of the ``obleth`` group are loaded one
-at a time, so a broken one is named with its distribution instead of stopping the scan.
+at a time, so that a broken one is named with its distribution.
 At startup the facade collects what plugins offer, checks it, reports collisions naming
 both plugins, and hands the request path plain typed callables.
 """
@@ -116,12 +116,15 @@ class Plugins:
             module = importlib.import_module(module_name)
             self._register(module, _builtin_name(module), ("obleth", _own_version()))
             self._builtins.add(_builtin_name(module))
+        extra_names = []
         for index, plugin in enumerate(extra):
             name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{index}"
+            extra_names.append(name)
             self._register(plugin, name, _APPLICATION)
         if entry_points:
             self._load_entry_points()
         self._check_hook_names()
+        self._check_disabled_names(extra_names)
         self._offers: dict[Kind, dict[str, _Offer]] = {
             kind: self._collect(kind) for kind in _COLLECTORS
         }
@@ -185,20 +188,53 @@ class Plugins:
             self._register(plugin, entry_point.name, origin)
 
     def _check_hook_names(self) -> None:
+        """What pluggy would silently pass over, or call in a way Obleth does not: a
+        misspelled hook, a hook function without the marker, a wrapper."""
         known = set(hookspecs.HOOK_NAMES)
         for name, plugin in self._registered():
             for attr in dir(plugin):
-                if (
-                    attr.startswith("obleth_")
-                    and attr not in known
-                    and inspect.isroutine(getattr(plugin, attr, None))
-                ):
-                    raise PluginError(
-                        name,
+                if not attr.startswith("obleth_"):
+                    continue
+                function = getattr(plugin, attr, None)
+                if not inspect.isroutine(function):
+                    continue
+                problem = None
+                if attr not in known:
+                    problem = (
                         f"implements {attr!r}, which is no Obleth hook; "
-                        f"hooks are: {', '.join(hookspecs.HOOK_NAMES)}",
-                        distribution=self.distribution_of(name),
+                        f"hooks are: {', '.join(hookspecs.HOOK_NAMES)}"
                     )
+                elif not isinstance(getattr(function, _MARK, None), dict):
+                    problem = (
+                        f"defines {attr!r} without the @hookimpl marker, so it would never "
+                        "be called; mark it (from gateway import hookimpl)"
+                    )
+                elif {"hookwrapper", "wrapper"} & {
+                    option for option, value in getattr(function, _MARK).items() if value
+                }:
+                    problem = (
+                        f"marks {attr!r} as a hook wrapper, which Obleth does not call; "
+                        "use tryfirst=True or trylast=True to order it instead"
+                    )
+                if problem is not None:
+                    raise PluginError(name, problem, distribution=self.distribution_of(name))
+
+    def _check_disabled_names(self, extra_names: Sequence[str]) -> None:
+        """A name in ``disable_plugins`` that no plugin here has is most likely a typo
+        (the plugin meant stays enabled), but may as well name a plugin installed on
+        other pods only: said in the log, not fatal."""
+        if not self.settings.disable_plugins:
+            return
+        present = set(self._builtins) | set(extra_names)
+        present |= {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        unknown = [name for name in self.settings.disable_plugins if name not in present]
+        if unknown:
+            log.warning(
+                "disable_plugins (OBLETH_DISABLE_PLUGINS) names %s, which no plugin here "
+                "has; plugins: %s",
+                ", ".join(repr(name) for name in unknown),
+                ", ".join(sorted(present)),
+            )
 
     def _collect(self, kind: Kind) -> dict[str, _Offer]:
         offers: dict[str, _Offer] = {}
@@ -296,6 +332,12 @@ class Plugins:
 
     def plugin_of(self, kind: Kind, name: str) -> str:
         return self._offers[kind][name].plugin
+
+    def origin_text(self, kind: Kind, name: str) -> str:
+        """`` from plugin 'p' (distribution version)``: where the ``kind`` ``name`` comes
+        from, for log lines about it."""
+        plugin = self.plugin_of(kind, name)
+        return f" from plugin {plugin!r} ({self._origin_text(plugin)})"
 
     def describe(self) -> list[PluginInfo]:
         """Every registered plugin with its origin and what it offers, sorted by name."""
@@ -420,6 +462,8 @@ class Plugins:
 
 
 _APPLICATION: Final = ("", "")
+#: the attribute ``@hookimpl`` sets on a function: its options
+_MARK: Final = f"{ENTRY_POINT_GROUP}_impl"
 _ACTIONS: Final[frozenset[str]] = frozenset(get_args(OverflowAction))
 
 

@@ -267,6 +267,110 @@ def test_disabled_plugin_is_not_described() -> None:
     assert "overflow-drop-oldest" not in {info.name for info in plugins.describe()}
 
 
+def test_hook_function_without_the_marker_is_reported_not_ignored() -> None:
+    """pluggy passes over an unmarked function; the gateway says it would never be called."""
+
+    def obleth_capacity_providers() -> dict[str, object]:
+        return {"fixed": Fixed}
+
+    with pytest.raises(PluginError) as caught:
+        facade(plugin("unmarked", obleth_capacity_providers=obleth_capacity_providers))
+
+    assert caught.value.plugin == "unmarked"
+    assert "'obleth_capacity_providers' without the @hookimpl marker" in str(caught.value)
+
+
+@pytest.mark.parametrize("option", ["hookwrapper", "wrapper"])
+def test_hook_wrapper_is_refused_naming_the_plugin(option: str) -> None:
+    """Obleth calls each implementation itself: a wrapper would be called as a plain
+    function, so it is refused at startup instead."""
+
+    @hookimpl(**{option: True})
+    def obleth_request_admitted(request: RequestInfo) -> Any:
+        yield
+
+    with pytest.raises(PluginError) as caught:
+        facade(plugin("wrapping", obleth_request_admitted=obleth_request_admitted))
+
+    assert caught.value.plugin == "wrapping"
+    assert "as a hook wrapper" in str(caught.value) and "tryfirst=True" in str(caught.value)
+
+
+def test_disabling_a_name_no_plugin_has_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A typo in `disable_plugins` leaves the plugin meant enabled: the log says so."""
+    with caplog.at_level(logging.WARNING, logger="obleth.plugins"):
+        plugins = facade(disable_plugins=["overflow-drop-oldest", "overflow-drop-oldset"])
+
+    assert plugins.names("overflow policy") == ["block", "drop-newest"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "names 'overflow-drop-oldset', which no plugin here has" in warnings[0]
+    assert "overflow-drop-oldest" in warnings[0].split("plugins:")[1]  # the names there are
+
+
+class Refusing:
+    """A capacity provider whose `subscribe` or `use_readings` raises."""
+
+    def __init__(self, settings: Settings) -> None:
+        pass
+
+    def max_in_flight(self) -> int:
+        return 3
+
+
+@pytest.mark.parametrize("method", ["subscribe", "use_readings"])
+def test_provider_failing_to_be_wired_in_names_its_plugin(method: str) -> None:
+    """A provider whose `subscribe()` or `use_readings()` raises stops startup as a
+    PluginError naming its plugin, like any other fault at assembly."""
+
+    def refuse(_: object) -> None:
+        raise RuntimeError("not today")
+
+    class Provider(Refusing):
+        pass
+
+    setattr(Provider, method, lambda self, arg: refuse(arg))
+
+    with pytest.raises(PluginError) as caught:
+        Gateway(
+            Settings(capacity_providers=["refusing"]),
+            plugins=[offering("refusing-capacity", {"refusing": Provider})],
+            entry_points=False,
+        )
+
+    assert caught.value.plugin == "refusing-capacity"
+    assert f"{method}() raised RuntimeError('not today')" in str(caught.value)
+
+
+def test_provider_failing_at_runtime_is_logged_with_its_plugin(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A provider that raises after startup keeps its last value; the log names the
+    provider and the plugin it came from."""
+
+    class Flaky(Refusing):
+        calls = 0
+
+        def max_in_flight(self) -> int:
+            Flaky.calls += 1
+            if Flaky.calls > 1:
+                raise RuntimeError("lost the config server")
+            return 3
+
+    gateway = Gateway(
+        Settings(capacity_providers=["flaky"]),
+        plugins=[offering("flaky-capacity", {"flaky": Flaky})],
+        entry_points=False,
+    )
+    with caplog.at_level(logging.ERROR, logger="obleth.capacity"):
+        assert gateway.capacity.current() == 3
+
+    assert [r.getMessage() for r in caplog.records] == [
+        "capacity provider 'flaky' from plugin 'flaky-capacity' (registered by the "
+        "application) raised; keeping its last value"
+    ]
+
+
 def test_hook_with_an_unknown_argument_is_a_named_plugin_error() -> None:
     """A hook function asking for an argument the hook does not have names its plugin."""
 
