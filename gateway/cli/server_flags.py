@@ -8,7 +8,7 @@ import argparse
 def add_server_flags(parser: argparse.ArgumentParser, *, port: int) -> None:
     """``--host``, ``--port`` (default ``port``), ``--log-level`` and ``--access-log``."""
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
-    parser.add_argument("--port", type=int, default=port, help="TCP port to listen on")
+    parser.add_argument("--port", type=tcp_port, default=port, help="TCP port to listen on")
     parser.add_argument(
         "--log-level",
         default="info",
@@ -21,3 +21,15 @@ def add_server_flags(parser: argparse.ArgumentParser, *, port: int) -> None:
         default=False,
         help="log every request",
     )
+
+
+def tcp_port(text: str) -> int:
+    """A port to listen on, 1 to 65535; argparse reports anything else against the flag
+    (a server asked for port 70000 would otherwise announce it and stop at once)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a port number from 1 to 65535")
+    return port

@@ -50,3 +50,21 @@ def test_a_bad_flag_value_is_reported_under_the_flag_name(argv: tuple[str, str],
     with pytest.raises(ConfigError) as caught:
         mock_backend.config_from_args(parse(*argv))
     assert caught.value.setting == flag
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "70000", "http"])
+def test_a_port_no_server_can_listen_on_is_refused_under_the_flag(
+    port: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every server command shares --port: out of range, it stops before serving."""
+    with pytest.raises(SystemExit) as stopped:
+        parse("--port", port)
+
+    assert stopped.value.code == 2
+    assert f"argument --port: '{port}': expected a port number from 1 to 65535" in (
+        capsys.readouterr().err
+    )
+
+
+def test_the_highest_port_is_accepted() -> None:
+    assert parse("--port", "65535").port == 65535
