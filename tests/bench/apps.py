@@ -48,6 +48,17 @@ class SemaphoreMiddleware:
             await self.app(scope, receive, send)
 
 
+class PassThroughMiddleware:
+    """A pure ASGI middleware that does nothing but call the app: the floor, what any
+    middleware layer costs a request before it does any work of its own."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
 async def hello(request: Request) -> Response:
     return PlainTextResponse("hello")
 
@@ -69,6 +80,11 @@ def with_gateway() -> ASGIApp:
 def with_semaphore() -> ASGIApp:
     """The trivial endpoint behind the naive semaphore middleware."""
     return trivial_app([Middleware(SemaphoreMiddleware, limit=64)])
+
+
+def with_passthrough() -> ASGIApp:
+    """The trivial endpoint behind a middleware that does nothing."""
+    return trivial_app([Middleware(PassThroughMiddleware)])
 
 
 class SlowEndpoint:

@@ -31,7 +31,12 @@ from typing import Any
 
 from harness import Server, code_version, load, machine, problems_of, software
 
-VARIANTS = {"bare": "bare", "gateway": "with_gateway", "naive semaphore": "with_semaphore"}
+VARIANTS = {
+    "bare": "bare",
+    "gateway": "with_gateway",
+    "naive semaphore": "with_semaphore",
+    "pass-through": "with_passthrough",
+}
 CONNECTIONS = 32
 #: what cachegrind reports, in its order, and the columns printed
 EVENTS = ("Ir", "I1mr", "ILmr", "Dr", "D1mr", "DLmr", "Dw", "D1mw", "DLmw")

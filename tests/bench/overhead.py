@@ -5,10 +5,10 @@
 
 Three measurements, each next to a baseline taken in the same run:
 
-1. Overhead on a trivial endpoint: the bare Starlette app, the app behind the gateway and
-   the app behind a naive ``asyncio.Semaphore`` middleware, loaded in alternation for
-   several rounds; req/s and latency are medians over rounds, ratios are taken within a
-   round.
+1. Overhead on a trivial endpoint: the bare Starlette app, the app behind the gateway,
+   behind a naive ``asyncio.Semaphore`` middleware and behind a middleware that does
+   nothing (the floor of any middleware), loaded in alternation for several rounds; req/s
+   and latency are medians over rounds, ratios are taken within a round.
 2. Queue throughput: a 50 ms endpoint, limit 64, 256 clients, against the ideal
    64 / 0.05 s = 1 280 req/s; the server's own counters show the limit was never exceeded.
 3. Local wake-up after release, in process (``wakeup.py``).
@@ -50,7 +50,12 @@ from harness import (
     verdict,
 )
 
-TRIVIAL_VARIANTS = {"bare": "bare", "gateway": "with_gateway", "naive semaphore": "with_semaphore"}
+TRIVIAL_VARIANTS = {
+    "bare": "bare",
+    "gateway": "with_gateway",
+    "naive semaphore": "with_semaphore",
+    "pass-through": "with_passthrough",
+}
 RATIO_TARGET = 0.92
 QUEUE_TARGET = 0.97
 WAKEUP_TARGET_US = 1000.0
@@ -133,6 +138,9 @@ def overhead(plan: Plan, problems: list[str]) -> dict[str, Any]:
             "p50_ms": statistics.median(r["p50_ms"] for r in runs),
             "p99_ms": statistics.median(r["p99_ms"] for r in runs),
             "ratio": statistics.median(r[name]["rps"] / r["bare"]["rps"] for r in rounds),
+            "past_layer": statistics.median(
+                r[name]["rps"] / r["pass-through"]["rps"] for r in rounds
+            ),
             "server_cpu": statistics.median(r.get("server_cpu", math.nan) for r in runs),
             "cpu_us": statistics.median(r.get("cpu_us_per_request", math.nan) for r in runs),
             "client_cpu": statistics.median(r["client_cpu"] for r in runs),
@@ -223,6 +231,8 @@ def report(
             target = "baseline"
         elif name == "gateway":
             target = f">= {RATIO_TARGET:.2f}x  {verdict(row['ratio'] >= RATIO_TARGET)}"
+        elif name == "pass-through":
+            target = "floor (a middleware doing nothing)"
         else:
             target = "reference peer"
         add(
@@ -237,6 +247,14 @@ def report(
             f"{name} +{row['cpu_us'] - base_us:.1f} us ({base_us / row['cpu_us']:.3f}x)"
             for name, row in trivial.items()
             if name != "bare"
+        )
+    )
+    add(
+        "   against the pass-through, in the same round (the work inside the middleware): "
+        + ", ".join(
+            f"{name} {row['past_layer']:.3f}x"
+            for name, row in trivial.items()
+            if name in ("gateway", "naive semaphore")
         )
     )
     add("   req/s per round: " + "; ".join(
