@@ -16,8 +16,8 @@ log = logging.getLogger("obleth.capacity")
 
 
 class ProviderFailed(ValueError):
-    """A provider could not give its first value, or could not be subscribed to;
-    ``provider`` is its name."""
+    """A provider could not give its first value, or could not be wired in (its
+    ``subscribe()`` or ``use_readings()`` raised); ``provider`` is its name."""
 
     def __init__(self, provider: str, problem: str) -> None:
         self.provider = provider

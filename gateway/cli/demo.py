@@ -10,6 +10,7 @@ import sys
 from gateway.demo.run import DemoOptions, run_demo
 from gateway.demo.tenants import parse_tenants
 from gateway.errors import ConfigError
+from gateway.settings import Settings
 
 #: the demo's flag for each setting it passes on, so that an error names what was typed
 _FLAG_OF = {
@@ -48,8 +49,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--max-queue",
         type=int,
         default=None,
-        help="max_queue, the most requests waiting at once (the setting's default, 1024, "
-        "which this load never fills; try 24 to see the overflow policies differ)",
+        help=f"max_queue, the most requests waiting at once (the setting's default, "
+        f"{Settings.max_queue}, which this load never fills; try 24 to see the overflow "
+        "policies differ)",
     )
     parser.set_defaults(run=run)
 
