@@ -193,9 +193,8 @@ class Gateway:
                     ) from exc
             stop = getattr(provider, "stop", None)
             if stop is not None:
-                running.append(
-                    (f"capacity provider {name!r} of plugin {plugin!r} ({origin})", stop)
-                )
+                label = self.plugins.origin_text("capacity provider", name)
+                running.append((f"capacity provider {name!r}{label}", stop))
 
     async def stop(self) -> None:
         """Stop providers, routing and the backend; waiters still queued are answered 503

@@ -116,15 +116,16 @@ class Plugins:
             module = importlib.import_module(module_name)
             self._register(module, _builtin_name(module), ("obleth", _own_version()))
             self._builtins.add(_builtin_name(module))
-        extra_names = []
+        #: every plugin name offered, registered or blocked
+        offered = set(self._builtins)
         for index, plugin in enumerate(extra):
             name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{index}"
-            extra_names.append(name)
+            offered.add(name)
             self._register(plugin, name, _APPLICATION)
         if entry_points:
-            self._load_entry_points()
+            offered |= self._load_entry_points()
         self._check_hook_names()
-        self._check_disabled_names(extra_names)
+        self._check_disabled_names(offered)
         self._offers: dict[Kind, dict[str, _Offer]] = {
             kind: self._collect(kind) for kind in _COLLECTORS
         }
@@ -167,10 +168,10 @@ class Plugins:
             ) from exc
         self._origin[name] = origin
 
-    def _load_entry_points(self) -> None:
-        for entry_point in sorted(
-            importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name
-        ):
+    def _load_entry_points(self) -> set[str]:
+        """Load every entry point not disabled; the names of all of them."""
+        found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        for entry_point in sorted(found, key=lambda ep: ep.name):
             if self._pm.is_blocked(entry_point.name):
                 continue
             dist = entry_point.dist
@@ -186,6 +187,7 @@ class Plugins:
                     distribution=_dist_label(origin),
                 ) from exc
             self._register(plugin, entry_point.name, origin)
+        return {entry_point.name for entry_point in found}
 
     def _check_hook_names(self) -> None:
         """What pluggy would silently pass over, or call in a way Obleth does not: a
@@ -219,21 +221,19 @@ class Plugins:
                 if problem is not None:
                     raise PluginError(name, problem, distribution=self.distribution_of(name))
 
-    def _check_disabled_names(self, extra_names: Sequence[str]) -> None:
+    def _check_disabled_names(self, offered: set[str]) -> None:
         """A name in ``disable_plugins`` that no plugin here has is most likely a typo
         (the plugin meant stays enabled), but may as well name a plugin installed on
         other pods only: said in the log, not fatal."""
         if not self.settings.disable_plugins:
             return
-        present = set(self._builtins) | set(extra_names)
-        present |= {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-        unknown = [name for name in self.settings.disable_plugins if name not in present]
+        unknown = [name for name in self.settings.disable_plugins if name not in offered]
         if unknown:
             log.warning(
                 "disable_plugins (OBLETH_DISABLE_PLUGINS) names %s, which no plugin here "
                 "has; plugins: %s",
                 ", ".join(repr(name) for name in unknown),
-                ", ".join(sorted(present)),
+                ", ".join(sorted(offered)),
             )
 
     def _collect(self, kind: Kind) -> dict[str, _Offer]:

@@ -70,6 +70,19 @@ def facade(*extra: object, **settings: Any) -> Plugins:
     return Plugins(Settings(**settings), extra=extra, entry_points=False)
 
 
+def classified_past(
+    name: str, classifier: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> tuple[Classification | None, logging.LogRecord]:
+    """Classify a request from tenant ``acme`` (header ``x-tenant``) with ``classifier``
+    registered as plugin ``name`` before the built-in; the answer and the one record
+    the plugin logger wrote."""
+    plugins = facade(plugin(name, obleth_classify_request=classifier), tenant_header="x-tenant")
+    with caplog.at_level(logging.ERROR, logger="obleth.plugins"):
+        answer = plugins.classify(with_headers({"x-tenant": "acme"}), None)
+    [record] = [r for r in caplog.records if r.name == "obleth.plugins"]
+    return answer, record
+
+
 class Fixed:
     """A capacity provider with a constant limit of 3."""
 
@@ -418,16 +431,9 @@ def test_classifier_that_raises_falls_through_to_the_builtin(
     def obleth_classify_request() -> Classification:
         raise KeyError("x-team")
 
-    plugins = facade(
-        plugin("flaky", obleth_classify_request=obleth_classify_request),
-        tenant_header="x-tenant",
-    )
-
-    with caplog.at_level(logging.ERROR, logger="obleth.plugins"):
-        answer = plugins.classify(with_headers({"x-tenant": "acme"}), None)
+    answer, record = classified_past("flaky", obleth_classify_request, caplog)
 
     assert answer == Classification(tenant="acme", priority="standard")
-    [record] = [r for r in caplog.records if r.name == "obleth.plugins"]
     assert "'flaky'" in record.getMessage()
     assert "obleth_classify_request" in record.getMessage()
     assert record.exc_info is not None
@@ -454,16 +460,9 @@ def test_classifier_answer_it_cannot_use_is_logged_and_skipped(
     def obleth_classify_request() -> object:
         return answer
 
-    plugins = facade(
-        plugin("sloppy", obleth_classify_request=obleth_classify_request),
-        tenant_header="x-tenant",
-    )
-
-    with caplog.at_level(logging.ERROR, logger="obleth.plugins"):
-        result = plugins.classify(with_headers({"x-tenant": "acme"}), None)
+    result, record = classified_past("sloppy", obleth_classify_request, caplog)
 
     assert result == Classification(tenant="acme", priority="standard")
-    [record] = [r for r in caplog.records if r.name == "obleth.plugins"]
     assert "'sloppy'" in record.getMessage()
     assert complaint in record.getMessage()
 
