@@ -336,12 +336,19 @@ def _check_caps(settings: Settings, name: str, value: Any) -> int | Mapping[str,
     expected = "expected a whole number of at least 1, or a mapping like {'free': 4, '*': 16}"
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         return value
-    if isinstance(value, Mapping) and all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
-        for k, v in value.items()
-    ):
-        return MappingProxyType(dict(value))
-    raise settings.error(name, value, expected)
+    if not isinstance(value, Mapping):
+        raise settings.error(name, value, expected)
+    # names lose surrounding whitespace, as in tenant_weights
+    caps: dict[str, int] = {}
+    for tenant, cap in value.items():
+        if not isinstance(tenant, str) or not tenant.strip():
+            raise settings.error(name, dict(value), f"{tenant!r} is not a name; {expected}")
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise settings.error(name, dict(value), f"{tenant}: cap {cap!r}; {expected}")
+        if tenant.strip() in caps:
+            raise settings.error(name, dict(value), f"{tenant.strip()!r} is given twice")
+        caps[tenant.strip()] = cap
+    return MappingProxyType(caps)
 
 
 def _check_priority(settings: Settings, name: str, value: Any) -> str:

@@ -109,7 +109,11 @@ def test_bad_environment_names_the_variable_value_and_fix(
         ({"global_max_in_flight": 0}, "global_max_in_flight=0", "at least 1"),
         ({"global_max_in_flight": True}, "global_max_in_flight=True", "whole number"),
         ({"tenant_weights": {"gold": "x"}}, "tenant_weights=", "not a number"),
+        ({"tenant_weights": {"gold": 2, " gold": 1}}, "tenant_weights=", "'gold' is given twice"),
         ({"tenant_max_in_flight": 0}, "tenant_max_in_flight=0", "at least 1"),
+        ({"tenant_max_in_flight": {"free": 0}}, "tenant_max_in_flight=", "free: cap 0"),
+        ({"tenant_max_in_flight": {" ": 2}}, "tenant_max_in_flight=", "' ' is not a name"),
+        ({"tenant_max_in_flight": {"a": 2, "a ": 3}}, "tenant_max_in_flight=", "given twice"),
         ({"max_queue": -1}, "max_queue=-1", "at least 0"),
         ({"capacity_providers": []}, "capacity_providers=[]", "at least one"),
         ({"tenant_header": "bad header"}, "tenant_header='bad header'", "header name"),
@@ -130,6 +134,14 @@ def test_bad_keywords_name_the_setting_value_and_fix(
         Settings(**kwargs)  # type: ignore[arg-type]
     assert str(caught.value).startswith(named)
     assert hint in str(caught.value)
+
+
+def test_tenant_names_in_weights_and_caps_lose_surrounding_whitespace() -> None:
+    """A tenant is named by a header value read without surrounding whitespace, so a
+    weight or cap for " gold " applies to gold, as in the OBLETH_* lists."""
+    settings = Settings(tenant_weights={" gold ": 3}, tenant_max_in_flight={"free ": 2, "*": 9})
+    assert dict(settings.tenant_weights) == {"gold": 3.0}
+    assert settings.tenant_caps() == ({"free": 2}, 9)
 
 
 def test_unknown_policy_lists_the_installed_ones() -> None:

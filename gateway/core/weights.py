@@ -38,13 +38,18 @@ def parse_weights(text: str, *, allow_bare: bool = False) -> dict[str, float]:
 
 
 def check_weights(weights: Mapping[str, object]) -> dict[str, float]:
-    """Validate an already-structured mapping the same way :func:`parse_weights` does."""
+    """Validate an already-structured mapping the same way :func:`parse_weights` does,
+    whitespace around names dropped as there: a tenant is named by a header value, which
+    is read without it, so ``" gold"`` would never match anyone."""
     result: dict[str, float] = {}
-    for name, weight in weights.items():
-        if not isinstance(name, str) or not name.strip():
-            raise WeightSyntaxError(f"{name!r} is not a name")
+    for raw_name, weight in weights.items():
+        if not isinstance(raw_name, str) or not raw_name.strip():
+            raise WeightSyntaxError(f"{raw_name!r} is not a name")
+        name = raw_name.strip()
         if isinstance(weight, bool) or not isinstance(weight, int | float):
             raise WeightSyntaxError(f"{name}: weight {weight!r} is not a number")
+        if name in result:
+            raise WeightSyntaxError(f"{name!r} is given twice")
         result[name] = _parse_weight(name, repr(weight))
     return result
 
