@@ -72,6 +72,12 @@ def bare() -> ASGIApp:
     return trivial_app()
 
 
+def bare_again() -> ASGIApp:
+    """The trivial endpoint alone, in a second server: what two identical servers measure
+    apart is the run's noise."""
+    return trivial_app()
+
+
 def with_gateway() -> ASGIApp:
     """The trivial endpoint behind ``GatewayMiddleware``, installed the documented way."""
     return trivial_app([Middleware(GatewayMiddleware, settings=TRIVIAL_SETTINGS)])
