@@ -191,33 +191,22 @@ class Plugins:
 
     def _check_hook_names(self) -> None:
         """What pluggy would silently pass over, or call in a way Obleth does not: a
-        misspelled hook, a hook function without the marker, a wrapper."""
+        misspelled hook (or ``specname``), a hook function without the marker, a wrapper.
+
+        A marked function implements the hook its ``specname`` names, else the one its own
+        name does; an unmarked one is looked at only when its name starts with ``obleth_``.
+        """
         known = set(hookspecs.HOOK_NAMES)
         for name, plugin in self._registered():
             for attr in dir(plugin):
-                if not attr.startswith("obleth_"):
-                    continue
                 function = getattr(plugin, attr, None)
                 if not inspect.isroutine(function):
                     continue
-                problem = None
-                if attr not in known:
-                    problem = (
-                        f"implements {attr!r}, which is no Obleth hook; "
-                        f"hooks are: {', '.join(hookspecs.HOOK_NAMES)}"
-                    )
-                elif not isinstance(getattr(function, _MARK, None), dict):
-                    problem = (
-                        f"defines {attr!r} without the @hookimpl marker, so it would never "
-                        "be called; mark it (from gateway import hookimpl)"
-                    )
-                elif {"hookwrapper", "wrapper"} & {
-                    option for option, value in getattr(function, _MARK).items() if value
-                }:
-                    problem = (
-                        f"marks {attr!r} as a hook wrapper, which Obleth does not call; "
-                        "use tryfirst=True or trylast=True to order it instead"
-                    )
+                options = getattr(function, _MARK, None)
+                if not isinstance(options, dict):
+                    problem = _unmarked_problem(attr, known)
+                else:
+                    problem = _marked_problem(attr, options, known)
                 if problem is not None:
                     raise PluginError(name, problem, distribution=self.distribution_of(name))
 
@@ -464,6 +453,7 @@ class Plugins:
 _APPLICATION: Final = ("", "")
 #: the attribute ``@hookimpl`` sets on a function: its options
 _MARK: Final = f"{ENTRY_POINT_GROUP}_impl"
+_HOOK_LIST: Final = ", ".join(hookspecs.HOOK_NAMES)
 _ACTIONS: Final[frozenset[str]] = frozenset(get_args(OverflowAction))
 
 
@@ -512,6 +502,30 @@ def _unusable(answer: object) -> str | None:
         return f"{answer!r}: routing_key must be bytes or None"
     if session_id is not None and not isinstance(session_id, str):
         return f"{answer!r}: session_id must be a str or None"
+    return None
+
+
+def _unmarked_problem(attr: str, known: set[str]) -> str | None:
+    if not attr.startswith("obleth_"):
+        return None
+    if attr not in known:
+        return f"implements {attr!r}, which is no Obleth hook; hooks are: {_HOOK_LIST}"
+    return (
+        f"defines {attr!r} without the @hookimpl marker, so it would never be called; "
+        "mark it (from gateway import hookimpl)"
+    )
+
+
+def _marked_problem(attr: str, options: dict[str, Any], known: set[str]) -> str | None:
+    hook = options.get("specname") or attr
+    what = f"{attr!r}" if hook == attr else f"{attr!r} (specname {hook!r})"
+    if hook not in known:
+        return f"implements {what}, which is no Obleth hook; hooks are: {_HOOK_LIST}"
+    if options.get("hookwrapper") or options.get("wrapper"):
+        return (
+            f"marks {what} as a hook wrapper, which Obleth does not call; "
+            "use tryfirst=True or trylast=True to order it instead"
+        )
     return None
 
 

@@ -143,6 +143,45 @@ def test_misspelled_hook_is_reported_with_the_plugin_and_the_hook() -> None:
     assert "obleth_capacity_providers" in str(caught.value)
 
 
+def test_hook_implemented_under_another_name_by_specname_is_used() -> None:
+    """pluggy's ``specname`` lets a function of any name implement a hook."""
+
+    @hookimpl(specname="obleth_capacity_providers")
+    def acme_providers() -> dict[str, object]:
+        return {"fixed": Fixed}
+
+    gateway = Gateway(
+        Settings(capacity_providers=["fixed"]),
+        plugins=[plugin("acme", acme_providers=acme_providers)],
+        entry_points=False,
+    )
+
+    assert gateway.capacity.current() == 3
+
+
+@pytest.mark.parametrize(
+    ("attr", "options", "named"),
+    [
+        ("acme_providers", {"specname": "obleth_capacity_provider"}, "specname"),
+        ("capacity_providers", {}, "'capacity_providers'"),
+    ],
+)
+def test_marked_function_that_implements_no_hook_is_reported(
+    attr: str, options: dict[str, Any], named: str
+) -> None:
+    """A marked function whose name (or specname) is no hook would never be called:
+    pluggy files it under an unknown hook name without a word."""
+
+    def providers() -> dict[str, object]:
+        return {"fixed": Fixed}
+
+    with pytest.raises(PluginError) as caught:
+        facade(plugin("typo", **{attr: hookimpl(**options)(providers)}))
+
+    assert caught.value.plugin == "typo"
+    assert named in str(caught.value) and "no Obleth hook" in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("offers", "complaint"),
     [
@@ -307,6 +346,15 @@ def test_hook_wrapper_is_refused_naming_the_plugin(option: str) -> None:
 
     assert caught.value.plugin == "wrapping"
     assert "as a hook wrapper" in str(caught.value) and "tryfirst=True" in str(caught.value)
+
+
+def test_hook_wrapper_under_another_name_is_refused_too() -> None:
+    @hookimpl(specname="obleth_request_admitted", wrapper=True)
+    def watch(request: RequestInfo) -> Any:
+        yield
+
+    with pytest.raises(PluginError, match=r"'watch' \(specname 'obleth_request_admitted'\)"):
+        facade(plugin("wrapping", watch=watch))
 
 
 def test_disabling_a_name_no_plugin_has_is_logged(caplog: pytest.LogCaptureFixture) -> None:
