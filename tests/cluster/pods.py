@@ -349,6 +349,30 @@ class Pod(_Server):
         return self._get("/_pod/stats")
 
 
+class UvicornApp(_Server):
+    """``uvicorn <target>`` from the repository's root, as a user would run an app of
+    theirs; ``env`` holds its ``OBLETH_*`` settings."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        health_path: str = "/",
+        env: Mapping[str, str] | None = None,
+        log_dir: Path | None = None,
+    ) -> None:
+        super().__init__(target.partition(":")[0], env=env, log_dir=log_dir)
+        self.target = target
+        self.health_path = health_path
+
+    def _argv(self, port: int) -> list[str]:
+        return [
+            sys.executable,
+            *("-m", "uvicorn", self.target, "--host", HOST, "--port", str(port)),
+            *("--log-level", "warning", "--no-access-log", "--timeout-graceful-shutdown", "2"),
+        ]
+
+
 class ServePod(_Server):
     """``obleth serve`` in a subprocess: the standalone gateway routing to ``upstreams``.
 
