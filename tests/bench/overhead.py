@@ -1,6 +1,6 @@
 """What ``GatewayMiddleware`` costs a uvicorn server, measured against baselines in one run.
 
-    python tests/bench/overhead.py            # full run, about 2.5 minutes
+    python tests/bench/overhead.py            # full run, about 130 s
     python tests/bench/overhead.py --quick    # smoke run, about 20 seconds
 
 Three measurements, each next to a baseline taken in the same run:

@@ -162,7 +162,11 @@ def test_hook_implemented_under_another_name_by_specname_is_used() -> None:
 @pytest.mark.parametrize(
     ("attr", "options", "named"),
     [
-        ("acme_providers", {"specname": "obleth_capacity_provider"}, "specname"),
+        (
+            "acme_providers",
+            {"specname": "obleth_capacity_provider"},
+            "'acme_providers' (specname 'obleth_capacity_provider')",
+        ),
         ("capacity_providers", {}, "'capacity_providers'"),
     ],
 )
