@@ -340,14 +340,15 @@ def _check_caps(settings: Settings, name: str, value: Any) -> int | Mapping[str,
         raise settings.error(name, value, expected)
     # names lose surrounding whitespace, as in tenant_weights
     caps: dict[str, int] = {}
-    for tenant, cap in value.items():
-        if not isinstance(tenant, str) or not tenant.strip():
-            raise settings.error(name, dict(value), f"{tenant!r} is not a name; {expected}")
+    for raw_tenant, cap in value.items():
+        if not isinstance(raw_tenant, str) or not raw_tenant.strip():
+            raise settings.error(name, dict(value), f"{raw_tenant!r} is not a name; {expected}")
+        tenant = raw_tenant.strip()
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise settings.error(name, dict(value), f"{tenant}: cap {cap!r}; {expected}")
-        if tenant.strip() in caps:
-            raise settings.error(name, dict(value), f"{tenant.strip()!r} is given twice")
-        caps[tenant.strip()] = cap
+        if tenant in caps:
+            raise settings.error(name, dict(value), f"{tenant!r} is given twice")
+        caps[tenant] = cap
     return MappingProxyType(caps)
 
 
