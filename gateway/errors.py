@@ -16,6 +16,7 @@ to do about it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 RejectReason = Literal[
@@ -49,10 +50,27 @@ class PluginError(OblethError):
     def __init__(self, plugin: str, problem: str, *, distribution: str | None = None) -> None:
         self.plugin = plugin
         self.distribution = distribution
+        #: every problem found at once when several were (see ``together``): an operator
+        #: fixes them all before the next restart, not one per restart
+        self.problems: tuple[PluginError, ...] = (self,)
         origin = f"plugin {plugin!r}"
         if distribution:
             origin += f" (from distribution {distribution})"
         super().__init__(f"{origin}: {problem}")
+
+    @classmethod
+    def together(cls, problems: Sequence[PluginError]) -> PluginError:
+        """One error for ``problems`` (at least one): the problem itself when alone, else
+        an error that lists each on a line of its own. ``plugin`` and ``distribution``
+        are the first problem's; ``problems`` holds them all."""
+        if len(problems) == 1:
+            return problems[0]
+        first = problems[0]
+        error = cls(first.plugin, "", distribution=first.distribution)
+        lines = "\n".join(f"  {problem}" for problem in problems)
+        error.args = (f"{len(problems)} problems with plugins, each to be fixed:\n{lines}",)
+        error.problems = tuple(problems)
+        return error
 
 
 class BadRequest(OblethError):

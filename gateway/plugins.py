@@ -9,6 +9,7 @@ both plugins, and hands the request path plain typed callables.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import inspect
@@ -122,9 +123,13 @@ class Plugins:
             name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{index}"
             offered.add(name)
             self._register(plugin, name, _APPLICATION)
+        # every broken plugin is found before one error names them all
+        problems: list[PluginError] = []
         if entry_points:
-            offered |= self._load_entry_points()
-        self._check_hook_names()
+            offered |= self._load_entry_points(problems)
+        problems += self._hook_name_problems()
+        if problems:
+            raise PluginError.together(problems)
         self._check_disabled_names(offered)
         self._offers: dict[Kind, dict[str, _Offer]] = {
             kind: self._collect(kind) for kind in _COLLECTORS
@@ -168,8 +173,9 @@ class Plugins:
             ) from exc
         self._origin[name] = origin
 
-    def _load_entry_points(self) -> set[str]:
-        """Load every entry point not disabled; the names of all of them."""
+    def _load_entry_points(self, problems: list[PluginError]) -> set[str]:
+        """Load every entry point not disabled, one at a time; the names of all of them.
+        One that fails to load or register is added to ``problems`` and skipped."""
         found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
         for entry_point in sorted(found, key=lambda ep: ep.name):
             if self._pm.is_blocked(entry_point.name):
@@ -179,17 +185,23 @@ class Plugins:
             try:
                 plugin = entry_point.load()
             except Exception as exc:
-                raise PluginError(
+                problem = PluginError(
                     entry_point.name,
                     f"failed to load {entry_point.value!r}: {type(exc).__name__}: {exc}. "
                     f"Fix or uninstall {origin[0]}, or skip it with "
                     f"OBLETH_DISABLE_PLUGINS={entry_point.name}",
                     distribution=_dist_label(origin),
-                ) from exc
-            self._register(plugin, entry_point.name, origin)
+                )
+                problem.__cause__ = exc
+                problems.append(problem)
+                continue
+            try:
+                self._register(plugin, entry_point.name, origin)
+            except PluginError as problem:
+                problems.append(problem)
         return {entry_point.name for entry_point in found}
 
-    def _check_hook_names(self) -> None:
+    def _hook_name_problems(self) -> list[PluginError]:
         """What pluggy would silently pass over, or call in a way Obleth does not: a
         misspelled hook (or ``specname``), a hook function without the marker, a wrapper.
 
@@ -197,6 +209,7 @@ class Plugins:
         name does; an unmarked one is looked at only when its name starts with ``obleth_``.
         """
         known = set(hookspecs.HOOK_NAMES)
+        problems: list[PluginError] = []
         for name, plugin in self._registered():
             for attr in dir(plugin):
                 function = getattr(plugin, attr, None)
@@ -208,7 +221,9 @@ class Plugins:
                 else:
                     problem = _marked_problem(attr, options, known)
                 if problem is not None:
-                    raise PluginError(name, problem, distribution=self.distribution_of(name))
+                    distribution = self.distribution_of(name)
+                    problems.append(PluginError(name, problem, distribution=distribution))
+        return problems
 
     def _check_disabled_names(self, offered: set[str]) -> None:
         """A name in ``disable_plugins`` that no plugin here has is most likely a typo
@@ -509,7 +524,7 @@ def _unmarked_problem(attr: str, known: set[str]) -> str | None:
     if not attr.startswith("obleth_"):
         return None
     if attr not in known:
-        return f"implements {attr!r}, which is no Obleth hook; hooks are: {_HOOK_LIST}"
+        return _no_hook(repr(attr), attr, known)
     return (
         f"defines {attr!r} without the @hookimpl marker, so it would never be called; "
         "mark it (from gateway import hookimpl)"
@@ -520,13 +535,20 @@ def _marked_problem(attr: str, options: dict[str, Any], known: set[str]) -> str 
     hook = options.get("specname") or attr
     what = f"{attr!r}" if hook == attr else f"{attr!r} (specname {hook!r})"
     if hook not in known:
-        return f"implements {what}, which is no Obleth hook; hooks are: {_HOOK_LIST}"
+        return _no_hook(what, hook, known)
     if options.get("hookwrapper") or options.get("wrapper"):
         return (
             f"marks {what} as a hook wrapper, which Obleth does not call; "
             "use tryfirst=True or trylast=True to order it instead"
         )
     return None
+
+
+def _no_hook(what: str, hook: str, known: set[str]) -> str:
+    """The problem of a function that implements ``hook``, which is not in ``known``."""
+    close = difflib.get_close_matches(hook, sorted(known), n=1)
+    guess = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"implements {what}, which is no Obleth hook{guess}; hooks are: {_HOOK_LIST}"
 
 
 def _dist_label(origin: tuple[str, str]) -> str:

@@ -65,6 +65,12 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _install("obleth-broken-plugin", tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def misspelled_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where obleth-misspelled-hook is installed, apart as well."""
+    return _install("obleth-misspelled-hook", tmp_path_factory)
+
+
 def _python(
     args: Sequence[str], sites: Sequence[Path], env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -222,6 +228,40 @@ def test_broken_plugin_is_named_with_its_distribution(
     assert "obleth_missing_dependency" in message
     assert "OBLETH_DISABLE_PLUGINS=broken" in message
     assert len(message.splitlines()) == 1
+
+
+def test_every_broken_plugin_is_named_in_one_error(
+    example_site: Path, broken_site: Path, misspelled_site: Path
+) -> None:
+    """Two broken distributions are reported together, each problem on a line naming its
+    plugin and distribution: the operator fixes both before the next restart."""
+    result = _obleth("plugins", sites=[example_site, broken_site, misspelled_site])
+
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == "obleth: 2 problems with plugins, each to be fixed:"
+    assert len(lines) == 3
+    assert lines[1].startswith(
+        "  plugin 'broken' (from distribution obleth-broken-plugin 0.0.1): failed to load "
+    )
+    assert "ModuleNotFoundError" in lines[1]
+    assert lines[2].startswith(
+        "  plugin 'misspelled' (from distribution obleth-misspelled-hook 0.0.2): "
+    )
+    assert "implements 'obleth_capacity_provider', which is no Obleth hook" in lines[2]
+    assert "(did you mean 'obleth_capacity_providers'?)" in lines[2]
+
+
+def test_disabling_every_broken_plugin_lets_the_others_load(
+    example_site: Path, broken_site: Path, misspelled_site: Path
+) -> None:
+    """Both broken plugins named in ``OBLETH_DISABLE_PLUGINS``: the working one loads."""
+    sites = [example_site, broken_site, misspelled_site]
+    listed = _listed(sites, env={"OBLETH_DISABLE_PLUGINS": "broken,misspelled"})
+
+    assert listed["example-capacity"]["provides"] == {"capacity provider": ["fraction"]}
 
 
 def test_disabling_a_broken_plugin_lets_the_others_load(

@@ -324,6 +324,33 @@ def test_hook_function_without_the_marker_is_reported_not_ignored() -> None:
     assert "'obleth_capacity_providers' without the @hookimpl marker" in str(caught.value)
 
 
+def test_problems_of_several_plugins_are_reported_together() -> None:
+    """Every plugin's problem is found before startup stops: one error lists them all,
+    each naming its plugin; ``problems`` holds each one as its own ``PluginError``."""
+
+    def obleth_capacity_providers() -> dict[str, object]:
+        return {"fixed": Fixed}
+
+    @hookimpl
+    def obleth_request_admited(request: RequestInfo, wait_s: float) -> None:
+        pass
+
+    with pytest.raises(PluginError) as caught:
+        facade(
+            plugin("unmarked", obleth_capacity_providers=obleth_capacity_providers),
+            plugin("typo", obleth_request_admited=obleth_request_admited),
+        )
+
+    error = caught.value
+    assert [problem.plugin for problem in error.problems] == ["unmarked", "typo"]
+    assert error.plugin == "unmarked"
+    lines = str(error).splitlines()
+    assert lines[0] == "2 problems with plugins, each to be fixed:"
+    assert lines[1:] == [f"  {problem}" for problem in error.problems]
+    assert "'obleth_capacity_providers' without the @hookimpl marker" in lines[1]
+    assert "(did you mean 'obleth_request_admitted'?)" in lines[2]
+
+
 @pytest.mark.parametrize("option", ["hookwrapper", "wrapper"])
 def test_hook_wrapper_is_refused_naming_the_plugin(option: str) -> None:
     """Obleth calls each implementation itself: a wrapper would be called as a plain

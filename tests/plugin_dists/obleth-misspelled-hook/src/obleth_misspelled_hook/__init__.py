@@ -1,0 +1,1 @@
+"""An Obleth plugin whose hook name has a typo; see ``.plugin``."""
