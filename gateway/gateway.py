@@ -179,17 +179,16 @@ class Gateway:
                 running.append(("routing shared through Redis", self.sharing.stop))
                 await self.sharing.start()
         for name, provider in self.providers.items():
-            plugin = self.plugins.plugin_of("capacity provider", name)
-            origin = self.plugins.distribution_of(plugin)
             start = getattr(provider, "start", None)
             if start is not None:
                 try:
                     await start()
                 except Exception as exc:
+                    plugin = self.plugins.plugin_of("capacity provider", name)
                     raise PluginError(
                         plugin,
                         f"capacity provider {name!r} failed to start: {exc}",
-                        distribution=origin,
+                        distribution=self.plugins.distribution_of(plugin),
                     ) from exc
             stop = getattr(provider, "stop", None)
             if stop is not None:

@@ -20,7 +20,12 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from gateway.core.tickets import PRIORITIES, Priority
-from gateway.core.weights import WeightSyntaxError, check_weights, parse_weights
+from gateway.core.weights import (
+    WeightSyntaxError,
+    check_weights,
+    named_entries,
+    parse_weights,
+)
 from gateway.errors import ConfigError
 from gateway.routing.upstreams import Upstream, UpstreamSyntaxError, parse_upstream_entry
 
@@ -338,17 +343,13 @@ def _check_caps(settings: Settings, name: str, value: Any) -> int | Mapping[str,
         return value
     if not isinstance(value, Mapping):
         raise settings.error(name, value, expected)
-    # names lose surrounding whitespace, as in tenant_weights
-    caps: dict[str, int] = {}
-    for raw_tenant, cap in value.items():
-        if not isinstance(raw_tenant, str) or not raw_tenant.strip():
-            raise settings.error(name, dict(value), f"{raw_tenant!r} is not a name; {expected}")
-        tenant = raw_tenant.strip()
+    try:
+        caps = named_entries(value)
+    except WeightSyntaxError as exc:
+        raise settings.error(name, dict(value), f"{exc}; {expected}") from None
+    for tenant, cap in caps.items():
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise settings.error(name, dict(value), f"{tenant}: cap {cap!r}; {expected}")
-        if tenant in caps:
-            raise settings.error(name, dict(value), f"{tenant!r} is given twice")
-        caps[tenant] = cap
     return MappingProxyType(caps)
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
+
+_V = TypeVar("_V")
 
 
 class WeightSyntaxError(ValueError):
@@ -38,19 +41,28 @@ def parse_weights(text: str, *, allow_bare: bool = False) -> dict[str, float]:
 
 
 def check_weights(weights: Mapping[str, object]) -> dict[str, float]:
-    """Validate an already-structured mapping the same way :func:`parse_weights` does,
-    whitespace around names dropped as there: a tenant is named by a header value, which
-    is read without it, so ``" gold"`` would never match anyone."""
+    """Validate an already-structured mapping the same way :func:`parse_weights` does."""
     result: dict[str, float] = {}
-    for raw_name, weight in weights.items():
+    for name, weight in named_entries(weights).items():
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise WeightSyntaxError(f"{name}: weight {weight!r} is not a number")
+        result[name] = _parse_weight(name, repr(weight))
+    return result
+
+
+def named_entries(mapping: Mapping[Any, _V]) -> dict[str, _V]:
+    """``mapping`` with whitespace around each name dropped, as :func:`parse_weights`
+    drops it: a tenant is named by a header value, which is read without it, so
+    ``" gold"`` would never match anyone. Raises ``WeightSyntaxError`` for a key that is
+    no name, or a name given twice once stripped."""
+    result: dict[str, _V] = {}
+    for raw_name, value in mapping.items():
         if not isinstance(raw_name, str) or not raw_name.strip():
             raise WeightSyntaxError(f"{raw_name!r} is not a name")
         name = raw_name.strip()
-        if isinstance(weight, bool) or not isinstance(weight, int | float):
-            raise WeightSyntaxError(f"{name}: weight {weight!r} is not a number")
         if name in result:
             raise WeightSyntaxError(f"{name!r} is given twice")
-        result[name] = _parse_weight(name, repr(weight))
+        result[name] = value
     return result
 
 
