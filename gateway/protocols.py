@@ -181,7 +181,8 @@ class CounterBackend(Protocol):
     - ``free_seats`` is the fast path, tried first and synchronously (see ``FreeSeats``);
       None for a backend that cannot grant without I/O.
     - ``acquire`` returns a Permit when seats are free now, a Pending when the request
-      waits, or raises ``Rejected``. It reads the limit on every call.
+      waits, or raises ``Rejected``. It reads the limit on every call. Before ``start``
+      and after ``stop`` it raises ``Rejected`` (``unavailable``) at once, never waits.
     - ``release`` gives seats back exactly as often as it is called; it never blocks and
       never raises (the caller guarantees one call per Permit).
     - ``cancel`` means the waiter gave up: the backend will not grant it, and if it had

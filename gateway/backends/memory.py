@@ -43,8 +43,12 @@ class MemoryBackend:
             _fail(waiter, self._reject("unavailable"))
 
     async def acquire(self, ticket: Ticket) -> Permit | Pending:
-        loop = self._loop or asyncio.get_running_loop()
         queue = self._queue
+        if not queue.open:
+            # not started, or stopped: nothing would ever time out or hand this request
+            # a seat again; the caller answers 503 and a client retries elsewhere
+            raise self._reject("unavailable")
+        loop = self._loop or asyncio.get_running_loop()
         limit = self._limit()
         if queue.queued and queue.inflight < limit:
             # a provider read on every decision (one that does not announce its changes)

@@ -106,6 +106,7 @@ def test_the_seat_comes_back_at_the_last_byte_before_the_app_returns(path: str) 
         )
         first = Client()
         if path == "waited":
+            await gw.gateway.start()
             holder = await gw.gateway.scheduler.acquire(Ticket("other"))
         running = asyncio.create_task(gw(http_scope("/first"), first.receive, first.send))
         if path == "waited":

@@ -38,9 +38,10 @@ async def make(request: pytest.FixtureRequest) -> AsyncIterator[Make]:
             "learning_window_s": 0,
         }
 
-    async def make(**settings: Any) -> Gateway:
+    async def make(*, start: bool = True, **settings: Any) -> Gateway:
         gateway = Gateway(Settings(**extra, **settings), entry_points=False)
-        await gateway.start()
+        if start:
+            await gateway.start()
         made.append(gateway)
         return gateway
 
@@ -91,6 +92,25 @@ async def test_waiter_gets_the_seat_when_the_holder_releases(make: Make) -> None
     assert permit.ticket == Ticket("b") and (await state(gateway)).queued == 0
     permit.release()
     await assert_drained(gateway)
+
+
+async def test_a_gateway_that_is_not_running_answers_unavailable_at_once(make: Make) -> None:
+    """Before start and after stop nothing would ever grant or time out a waiter: the
+    request is answered 503 ``unavailable`` there and then (a client retries elsewhere)."""
+    gateway = await make(start=False, global_max_in_flight=1)
+    with pytest.raises(Rejected) as caught:
+        await asyncio.wait_for(gateway.scheduler.acquire(Ticket("a")), 2)
+    assert caught.value.reason == "unavailable" and caught.value.status == 503
+    await gateway.start()
+    held = await gateway.scheduler.acquire(Ticket("a"))
+    await gateway.stop()
+    for ticket in (Ticket("b"), Ticket("a", "critical")):
+        with pytest.raises(Rejected) as caught:
+            await asyncio.wait_for(gateway.scheduler.acquire(ticket), 2)
+        assert caught.value.reason == "unavailable"
+    assert gateway.scheduler.rejected["unavailable"] == 3
+    assert held.release() is True
+    assert gateway.scheduler.admitted == gateway.scheduler.released == 1
 
 
 async def test_release_counts_once_however_often_it_is_called(make: Make) -> None:

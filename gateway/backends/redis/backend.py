@@ -198,6 +198,9 @@ class RedisBackend:
     # -- the counter backend Protocol -----------------------------------------------------
 
     async def acquire(self, ticket: Ticket) -> Permit | Pending:
+        if not self._running:
+            # not started, or stopped: no flusher would ever send this call to Redis
+            raise self._reject("unavailable")
         if self._fallback is not None:
             return self._fallback_acquire(ticket)
         if len(self._waiting) >= self._settings.max_queue + self._settings.redis_pool_size:
