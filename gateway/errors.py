@@ -31,7 +31,16 @@ RejectReason = Literal[
 
 
 class OblethError(Exception):
-    """Base class of every error Obleth raises on purpose."""
+    """Base class of every error Obleth raises on purpose.
+
+    Every one survives ``pickle`` and ``copy`` with its message and attributes (an error
+    raised in a worker process reaches its parent whole), though most take constructor
+    arguments other than their message."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # the attributes go as the state pickle sets afterwards: they may refer back to
+        # the error itself (``PluginError.problems``)
+        return _rebuilt, (type(self), self.args), self.__dict__
 
 
 class ConfigError(OblethError, ValueError):
@@ -131,3 +140,11 @@ class Unroutable(OblethError):
         self.status = status
         self.code = code
         super().__init__(message)
+
+
+def _rebuilt(kind: type[OblethError], args: tuple[object, ...]) -> OblethError:
+    """An error of ``kind`` with ``args``, built without its ``__init__`` (for ``pickle``
+    and ``copy``, which then restore its attributes)."""
+    error = kind.__new__(kind, *args)
+    error.args = args
+    return error
