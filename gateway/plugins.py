@@ -117,23 +117,26 @@ class Plugins:
             module = importlib.import_module(module_name)
             self._register(module, _builtin_name(module), ("obleth", _own_version()))
             self._builtins.add(_builtin_name(module))
+        # every broken plugin is found before one error names them all
+        problems: list[PluginError] = []
         #: every plugin name offered, registered or blocked
         offered = set(self._builtins)
         for index, plugin in enumerate(extra):
             name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{index}"
             offered.add(name)
-            self._register(plugin, name, _APPLICATION)
-        # every broken plugin is found before one error names them all
-        problems: list[PluginError] = []
+            try:
+                self._register(plugin, name, _APPLICATION)
+            except PluginError as problem:
+                problems.append(problem)
         if entry_points:
             offered |= self._load_entry_points(problems)
         problems += self._hook_name_problems()
+        self._offers: dict[Kind, dict[str, _Offer]] = {
+            kind: self._collect(kind, problems) for kind in _COLLECTORS
+        }
         if problems:
             raise PluginError.together(problems)
         self._check_disabled_names(offered)
-        self._offers: dict[Kind, dict[str, _Offer]] = {
-            kind: self._collect(kind) for kind in _COLLECTORS
-        }
         self._classifiers = self._impls("obleth_classify_request")
         self._on_admitted = self._impls("obleth_request_admitted")
         self._on_rejected = self._impls("obleth_request_rejected")
@@ -240,50 +243,55 @@ class Plugins:
                 ", ".join(sorted(offered)),
             )
 
-    def _collect(self, kind: Kind) -> dict[str, _Offer]:
+    def _collect(self, kind: Kind, problems: list[PluginError]) -> dict[str, _Offer]:
+        """Every plugin's offers of ``kind`` by name. What cannot be used (the hook raised
+        or answered something other than a dict, a bad name or factory, a name offered
+        twice) is added to ``problems`` and left out; the first offer of a name is kept."""
         offers: dict[str, _Offer] = {}
-        for impl in self._impls(_COLLECTORS[kind]):
+        hook = _COLLECTORS[kind]
+
+        def problem(plugin: str, text: str) -> PluginError:
+            error = PluginError(plugin, text, distribution=self.distribution_of(plugin))
+            problems.append(error)
+            return error
+
+        for impl in self._impls(hook):
             plugin = impl.plugin
             try:
                 offered = impl({})
             except Exception as exc:
-                raise PluginError(
-                    plugin,
-                    f"{_COLLECTORS[kind]}() raised {type(exc).__name__}: {exc}",
-                    distribution=self.distribution_of(plugin),
-                ) from exc
+                problem(plugin, f"{hook}() raised {type(exc).__name__}: {exc}").__cause__ = exc
+                continue
             if offered is None:
                 continue
             if not isinstance(offered, Mapping):
-                raise PluginError(
+                problem(
                     plugin,
-                    f"{_COLLECTORS[kind]}() returned {type(offered).__name__}; "
-                    "expected a dict of {name: factory}",
-                    distribution=self.distribution_of(plugin),
+                    f"{hook}() returned {type(offered).__name__}; expected a dict of "
+                    "{name: factory}",
                 )
+                continue
             for name, factory in offered.items():
                 if not isinstance(name, str) or not _NAME.match(name):
-                    raise PluginError(
-                        plugin,
-                        f"offers a {kind} named {name!r}; names are lower-case kebab-case",
-                        distribution=self.distribution_of(plugin),
+                    problem(
+                        plugin, f"offers a {kind} named {name!r}; names are lower-case kebab-case"
                     )
-                if not callable(factory):
-                    raise PluginError(
+                elif not callable(factory):
+                    problem(
                         plugin,
                         f"{kind} {name!r}: the factory is a {type(factory).__name__}, "
                         "not a callable taking Settings",
-                        distribution=self.distribution_of(plugin),
                     )
-                if name in offers:
+                elif name in offers:
                     other = offers[name].plugin
-                    raise PluginError(
+                    problem(
                         plugin,
                         f"offers a {kind} named {name!r}, and so does plugin {other!r} "
-                        f"({self.distribution_of(other)}); disable one with OBLETH_DISABLE_PLUGINS",
-                        distribution=self.distribution_of(plugin),
+                        f"({self.distribution_of(other)}); disable one with "
+                        "OBLETH_DISABLE_PLUGINS",
                     )
-                offers[name] = _Offer(cast(Factory, factory), plugin)
+                else:
+                    offers[name] = _Offer(cast(Factory, factory), plugin)
         return offers
 
     def _impls(self, hook: str) -> list[_Impl]:

@@ -351,6 +351,45 @@ def test_problems_of_several_plugins_are_reported_together() -> None:
     assert "(did you mean 'obleth_request_admitted'?)" in lines[2]
 
 
+def test_problems_with_offers_and_names_are_reported_together() -> None:
+    """A name taken twice, a collector that raises, a badly named offer and a plugin whose
+    own name is taken are all found before startup stops, each on its own line, next to
+    a misspelled hook; what works is not reported."""
+
+    @hookimpl
+    def obleth_overflow_policies() -> dict[str, object]:
+        raise RuntimeError("no policies today")
+
+    @hookimpl
+    def obleth_routing_scorers() -> dict[str, object]:
+        return {"Shouty_Scorer": Fixed}
+
+    @hookimpl
+    def obleth_request_admited(request: RequestInfo, wait_s: float) -> None:
+        pass
+
+    with pytest.raises(PluginError) as caught:
+        facade(
+            offering("first", {"fixed": Fixed}),
+            offering("second", {"fixed": Fixed, "other": Fixed}),
+            plugin("moody", obleth_overflow_policies=obleth_overflow_policies),
+            plugin("shouty", obleth_routing_scorers=obleth_routing_scorers),
+            offering("capacity-static", {"spare": Fixed}),
+            plugin("typo", obleth_request_admited=obleth_request_admited),
+        )
+
+    error = caught.value
+    [twice] = [str(problem) for problem in error.problems if "'fixed'" in str(problem)]
+    assert "'first'" in twice and "'second'" in twice and "'other'" not in str(error)
+    by_plugin = {problem.plugin: str(problem) for problem in error.problems}
+    assert {"capacity-static", "moody", "shouty", "typo"} < set(by_plugin)
+    assert "the name is taken by another plugin" in by_plugin["capacity-static"]
+    assert "raised RuntimeError: no policies today" in by_plugin["moody"]
+    assert "'Shouty_Scorer'; names are lower-case kebab-case" in by_plugin["shouty"]
+    assert "did you mean 'obleth_request_admitted'?" in by_plugin["typo"]
+    assert str(error).startswith("5 problems with plugins, each to be fixed:\n")
+
+
 @pytest.mark.parametrize("option", ["hookwrapper", "wrapper"])
 def test_hook_wrapper_is_refused_naming_the_plugin(option: str) -> None:
     """Obleth calls each implementation itself: a wrapper would be called as a plain
