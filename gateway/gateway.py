@@ -50,12 +50,23 @@ class Gateway:
     ) -> None:
         self.settings = settings if settings is not None else Settings.from_env()
         self.plugins = Plugins(self.settings, extra=plugins, entry_points=entry_points)
-        self.providers: dict[str, CapacityProvider] = {
-            name: self.plugins.build("capacity provider", name)
-            for name in self.settings.capacity_providers
-        }
         self._check_scorer_names()
         urls = [upstream.url for upstream in self.settings.upstreams]
+        # every selected factory is called before startup stops on the ones that fail
+        provider_names = self.settings.capacity_providers
+        policy_name = self.settings.overflow_policy
+        routed = bool(urls) and self.settings.routing_policy == "weighted"
+        scorer_names = list(self.settings.routing_scorers) if routed else []
+        built = iter(
+            self.plugins.build_each(
+                [("capacity provider", name) for name in provider_names]
+                + [("overflow policy", policy_name)]
+                + [("routing scorer", name) for name in scorer_names]
+            )
+        )
+        self.providers: dict[str, CapacityProvider] = {name: next(built) for name in provider_names}
+        policy = next(built)
+        scorers = {name: next(built) for name in scorer_names}
         #: the latest load reading of every upstream (empty without upstreams); capacity
         #: providers with a ``use_readings(readings)`` method are handed it at assembly
         self.readings = Readings(
@@ -79,17 +90,14 @@ class Gateway:
             raise PluginError(
                 plugin, str(exc), distribution=self.plugins.distribution_of(plugin)
             ) from exc
-        policy_name = self.settings.overflow_policy
-        self.policy: OverflowPolicy = self.plugins.shielded_policy(
-            policy_name, self.plugins.build("overflow policy", policy_name)
-        )
+        self.policy: OverflowPolicy = self.plugins.shielded_policy(policy_name, policy)
         self.backend: CounterBackend = _backend_for(self.settings, self.capacity, self.policy)
         self.capacity.subscribe(self.backend.limit_changed)
         self.scheduler = Scheduler(self.backend, self.settings)
         #: routing state shared with the other pods through Redis; None without Redis
         self.sharing: SharedRouting | None = None
         #: chooses an upstream per request; None when no upstreams are configured
-        self.router: Router | None = self._router(urls) if urls else None
+        self.router: Router | None = self._router(urls, scorers) if urls else None
         #: what ``start()`` started, with how to stop it, in the order it started
         self._running: list[tuple[str, Callable[[], Awaitable[object]]]] = []
         #: whether ``start()`` has run (and ``stop()`` not since); read on every request,
@@ -108,7 +116,8 @@ class Gateway:
                     f"no routing scorer by that name; installed: {', '.join(installed) or 'none'}",
                 )
 
-    def _router(self, urls: list[str]) -> Router:
+    def _router(self, urls: list[str], scorers_by_name: dict[str, Any]) -> Router:
+        """The router over ``urls``, weighing the scorers built for ``routing_scorers``."""
         settings = self.settings
         inflight = InFlight(urls)
         placements = PlacementLog(KEPT, shared=settings.redis_url is not None)
@@ -117,12 +126,11 @@ class Gateway:
 
             self.sharing = SharedRouting(settings, inflight, placements)
         scorers = []
-        if settings.routing_policy == "weighted":
-            for name, weight in settings.routing_scorers.items():
-                scorer = self.plugins.build("routing scorer", name)
-                plugin = self.plugins.plugin_of("routing scorer", name)
-                builtin = self.plugins.is_builtin(plugin)
-                scorers.append(ScorerEntry(name, plugin, scorer, weight, builtin))
+        for name, scorer in scorers_by_name.items():
+            plugin = self.plugins.plugin_of("routing scorer", name)
+            builtin = self.plugins.is_builtin(plugin)
+            weight = settings.routing_scorers[name]
+            scorers.append(ScorerEntry(name, plugin, scorer, weight, builtin))
         return Router(
             settings.upstreams,
             Fleet(

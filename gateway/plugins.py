@@ -307,14 +307,28 @@ class Plugins:
     def names(self, kind: Kind) -> list[str]:
         return sorted(self._offers[kind])
 
+    def build_each(self, selected: Sequence[tuple[Kind, str]]) -> list[Any]:
+        """What ``build`` makes of each ``(kind, name)``, in order.
+
+        A name nothing offers is a ``ConfigError``, raised before any factory runs; then
+        every factory is called, and those that fail are named together in one
+        ``PluginError`` (a factory's own ``ConfigError`` is raised as it comes)."""
+        for kind, name in selected:
+            self._offer(kind, name)
+        built = []
+        problems: list[PluginError] = []
+        for kind, name in selected:
+            try:
+                built.append(self.build(kind, name))
+            except PluginError as problem:
+                problems.append(problem)
+        if problems:
+            raise PluginError.together(problems)
+        return built
+
     def build(self, kind: Kind, name: str) -> Any:
         """Call the factory the user selected by ``name`` and check what it returns."""
-        offer = self._offers[kind].get(name)
-        if offer is None:
-            installed = ", ".join(self.names(kind)) or "none"
-            raise self.settings.error(
-                _SETTING_OF[kind], name, f"no {kind} by that name; installed: {installed}"
-            )
+        offer = self._offer(kind, name)
         try:
             built = offer.factory(self.settings)
         except (ConfigError, PluginError):
@@ -334,6 +348,15 @@ class Plugins:
                 distribution=self.distribution_of(offer.plugin),
             )
         return built
+
+    def _offer(self, kind: Kind, name: str) -> _Offer:
+        offer = self._offers[kind].get(name)
+        if offer is None:
+            installed = ", ".join(self.names(kind)) or "none"
+            raise self.settings.error(
+                _SETTING_OF[kind], name, f"no {kind} by that name; installed: {installed}"
+            )
+        return offer
 
     def shielded_policy(self, name: str, policy: OverflowPolicy) -> OverflowPolicy:
         """``policy`` (selected by ``name``) shielded on the request path: when its

@@ -245,6 +245,75 @@ def test_factory_returning_an_object_without_max_in_flight_names_the_plugin() ->
     assert "CapacityProvider" in str(caught.value)
 
 
+def test_every_failing_factory_is_named_before_startup_stops() -> None:
+    """Two providers, a policy and a scorer selected from broken factories: one error
+    names all four, and the working provider next to them is built as usual."""
+    called: list[str] = []
+
+    def broken(name: str) -> Callable[[Settings], object]:
+        def factory(settings: Settings) -> object:
+            called.append(name)
+            raise RuntimeError(f"{name} is broken")
+
+        return factory
+
+    @hookimpl
+    def obleth_overflow_policies() -> dict[str, object]:
+        return {"stubborn": broken("stubborn")}
+
+    @hookimpl
+    def obleth_routing_scorers() -> dict[str, object]:
+        return {"dizzy": broken("dizzy")}
+
+    with pytest.raises(PluginError) as caught:
+        Gateway(
+            Settings(
+                capacity_providers=["remote", "fixed", "distant"],
+                overflow_policy="stubborn",
+                upstreams=["http://127.0.0.1:9"],
+                routing_scorers="dizzy:1",
+            ),
+            plugins=[
+                offering(
+                    "far-capacity", {"remote": broken("remote"), "distant": broken("distant")}
+                ),
+                offering("fixed-capacity", {"fixed": Fixed}),
+                plugin("stubborn-policy", obleth_overflow_policies=obleth_overflow_policies),
+                plugin("dizzy-scorer", obleth_routing_scorers=obleth_routing_scorers),
+            ],
+            entry_points=False,
+        )
+
+    error = caught.value
+    assert called == ["remote", "distant", "stubborn", "dizzy"]
+    assert [problem.plugin for problem in error.problems] == [
+        "far-capacity",
+        "far-capacity",
+        "stubborn-policy",
+        "dizzy-scorer",
+    ]
+    assert str(error).startswith("4 problems with plugins, each to be fixed:\n")
+    assert "capacity provider 'distant' raised RuntimeError: distant is broken" in str(error)
+
+
+def test_a_name_nothing_offers_is_reported_before_any_factory_runs() -> None:
+    """A typo in the settings is the thing to fix first: no factory is called."""
+    called: list[str] = []
+
+    def factory(settings: Settings) -> Fixed:
+        called.append("fixed")
+        return Fixed(settings)
+
+    with pytest.raises(ConfigError) as caught:
+        Gateway(
+            Settings(capacity_providers=["fixed"], overflow_policy="no-such-policy"),
+            plugins=[offering("fixed-capacity", {"fixed": factory})],
+            entry_points=False,
+        )
+
+    assert caught.value.setting == "overflow_policy" and called == []
+
+
 def test_unselected_factory_is_never_called() -> None:
     """Installing a plugin costs nothing until its provider is selected."""
 
