@@ -50,7 +50,7 @@ class ConfigError(OblethError, ValueError):
         self.setting = setting
         self.value = value
         self.expected = expected
-        super().__init__(f"{setting}={value!r}: {expected}")
+        super().__init__(f"{setting}={_shown(value)}: {expected}")
 
 
 class PluginError(OblethError):
@@ -148,3 +148,13 @@ def _rebuilt(kind: type[OblethError], args: tuple[object, ...]) -> OblethError:
     error = kind.__new__(kind, *args)
     error.args = args
     return error
+
+
+def _shown(value: object, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a message names the value, it need
+    not reprint a huge one (nor fail on an int too long to print)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"<{type(value).__name__} too long to print>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

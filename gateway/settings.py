@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import math
 import os
 import re
 import urllib.parse
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from gateway.core.numbers import finite
 from gateway.core.tickets import PRIORITIES, Priority
 from gateway.core.weights import (
     WeightSyntaxError,
@@ -186,7 +186,8 @@ class Settings:
         return named, named.pop("*", None)
 
     def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
+        """These settings with ``changes``, given as keywords (an error names them so)."""
+        return dataclasses.replace(self, **changes, env_names=self.env_names - set(changes))
 
 
 # -- per-setting parsing and checking -------------------------------------------------------
@@ -206,11 +207,21 @@ def _env_int(key: str, text: str) -> int:
         raise ConfigError(key, text, "expected a whole number, e.g. 64") from None
 
 
-def _env_float(key: str, text: str) -> float:
-    try:
-        return float(text.strip())
-    except ValueError:
-        raise ConfigError(key, text, "expected a number of seconds, e.g. 30 or 0.5") from None
+def _env_number(expected: str) -> Callable[[str, str], float]:
+    """A parser of one number whose error says what was ``expected``."""
+
+    def parse(key: str, text: str) -> float:
+        try:
+            return float(text.strip())
+        except ValueError:
+            raise ConfigError(key, text, expected) from None
+
+    return parse
+
+
+_env_float = _env_number("expected a number of seconds, e.g. 30 or 0.5")
+_env_weight = _env_number("expected a weight, a number above 0, e.g. 1 or 2.5")
+_env_multiple = _env_number("expected a number, e.g. 1.5")
 
 
 def _env_bool(key: str, text: str) -> bool:
@@ -249,17 +260,36 @@ def _env_pairs(expected: str) -> Callable[[str, str], dict[str, float]]:
 _env_weights = _env_pairs("expected tenant:weight pairs like gold:4,free:1")
 
 
+_CAPS_EXPECTED = "expected a whole number (for every tenant), or tenant:cap pairs like free:4,*:16"
+
+
 def _env_caps(key: str, text: str) -> int | dict[str, int] | None:
+    """``16`` (every tenant) or ``free:4,*:16``; the values are checked by ``_check_caps``."""
     text = text.strip()
     if not text:
         return None
     if ":" not in text:
-        return _env_int(key, text)
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(key, text, _CAPS_EXPECTED) from None
     caps: dict[str, int] = {}
-    for name, weight in _env_weights(key, text).items():
-        if weight != int(weight):
-            raise ConfigError(key, text, f"{name}: a cap is a whole number, e.g. {name}:10")
-        caps[name] = int(weight)
+    for raw in text.split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        name, _, number = part.partition(":")
+        name = name.strip()
+        if not name:
+            raise ConfigError(key, text, f"{part!r} has no tenant before ':'; {_CAPS_EXPECTED}")
+        if name in caps:
+            raise ConfigError(key, text, f"{name!r} is given twice; {_CAPS_EXPECTED}")
+        try:
+            caps[name] = int(number.strip())
+        except ValueError:
+            raise ConfigError(
+                key, text, f"{part!r}: a cap is a whole number; {_CAPS_EXPECTED}"
+            ) from None
     return caps
 
 
@@ -275,7 +305,7 @@ def _check_int(minimum: int) -> Callable[[Settings, str, Any], int]:
 def _check_seconds(settings: Settings, name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise settings.error(name, value, "expected a number of seconds")
-    if not math.isfinite(value) or value <= 0:
+    if not finite(value) or value <= 0:
         raise settings.error(name, value, "expected a finite number of seconds above 0")
     return float(value)
 
@@ -338,7 +368,10 @@ def _check_weight(settings: Settings, name: str, value: Any) -> float:
 
 
 def _check_caps(settings: Settings, name: str, value: Any) -> int | Mapping[str, int] | None:
-    expected = "expected a whole number of at least 1, or a mapping like {'free': 4, '*': 16}"
+    expected = (
+        "expected a whole number of at least 1, or caps of at least 1 by tenant: "
+        "{'free': 4, '*': 16}, or free:4,*:16 in the environment"
+    )
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         return value
     if not isinstance(value, Mapping):
@@ -385,7 +418,12 @@ def _check_paths(settings: Settings, name: str, value: Any) -> tuple[str, ...]:
     for path in paths:
         if not path.startswith("/"):
             raise settings.error(name, value, f"{path!r} is not a path; paths start with '/'")
-    return tuple(path.rstrip("/") or "/" for path in paths)
+    normalised = tuple(path.rstrip("/") or "/" for path in paths)
+    if len(set(normalised)) != len(normalised):
+        raise settings.error(
+            name, value, "a path is listed twice (a trailing '/' makes no difference)"
+        )
+    return normalised
 
 
 _REDIS_SCHEMES = (
@@ -457,7 +495,7 @@ def _check_failure_mode(settings: Settings, name: str, value: Any) -> str:
 def _check_optional_window(settings: Settings, name: str, value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
         raise settings.error(name, value, "expected a number of seconds (0 or more), or unset")
     if value < 0:
         raise settings.error(name, value, "expected a number of seconds (0 or more), or unset")
@@ -525,11 +563,7 @@ def _check_bound(*, zero_allowed: bool) -> Callable[[Settings, str, Any], float]
 
     def check(settings: Settings, name: str, value: Any) -> float:
         valid = isinstance(value, int | float) and not isinstance(value, bool)
-        if (
-            not valid
-            or not math.isfinite(value)
-            or (value < 1 and not (zero_allowed and value == 0))
-        ):
+        if not valid or not finite(value) or (value < 1 and not (zero_allowed and value == 0)):
             raise settings.error(name, value, f"expected {accepted}")
         return float(value)
 
@@ -570,7 +604,7 @@ _SPECS: dict[str, _Spec] = {
         _spec("queue_timeout_s", _env_float, _check_seconds),
         _spec("tenant_header", _env_optional_text, _check_header),
         _spec("tenant_weights", _env_weights, _check_weights),
-        _spec("default_tenant_weight", _env_float, _check_weight),
+        _spec("default_tenant_weight", _env_weight, _check_weight),
         _spec("tenant_max_in_flight", _env_caps, _check_caps),
         _spec("default_tenant", _env_text, _check_name),
         _spec("priority_header", _env_text, _check_priority_header),
@@ -590,9 +624,9 @@ _SPECS: dict[str, _Spec] = {
         _spec("upstreams", _env_upstreams, _check_upstreams),
         _spec("routing_policy", _env_text, _check_routing_policy),
         _spec("routing_scorers", _env_scorers, _check_scorers),
-        _spec("routing_load_bound", _env_float, _check_bound(zero_allowed=False)),
+        _spec("routing_load_bound", _env_multiple, _check_bound(zero_allowed=False)),
         _spec("routing_load_slack", _env_int, _check_int(1)),
-        _spec("routing_placement_bound", _env_float, _check_bound(zero_allowed=True)),
+        _spec("routing_placement_bound", _env_multiple, _check_bound(zero_allowed=True)),
         _spec("routing_seed", _env_optional_int, _check_seed),
         _spec("session_header", _env_text, _check_required_header),
         _spec("upstream_header", _env_bool, _check_bool),
@@ -624,7 +658,14 @@ _dataclass_init = Settings.__init__
 @functools.wraps(_dataclass_init)
 def _init_naming_unknown_settings(self: Settings, **kwargs: Any) -> None:
     for name, value in kwargs.items():
-        if name not in _SPECS and name != "env_names":
+        if name == "env_names":
+            if not isinstance(value, frozenset) or not value <= _SPECS.keys():
+                raise ConfigError(
+                    name,
+                    value,
+                    "is set by Settings.from_env (a frozenset of setting names); leave it out",
+                )
+        elif name not in _SPECS:
             raise _unknown_setting(name, value)
     _dataclass_init(self, **kwargs)
 

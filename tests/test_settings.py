@@ -55,6 +55,17 @@ def test_errors_name_a_variable_only_for_values_read_from_the_environment() -> N
         Settings.from_env({"OBLETH_MAX_QUEUE": "-3"}, global_max_in_flight=5)
 
 
+def test_a_value_changed_by_replace_is_named_as_a_keyword() -> None:
+    """``replace`` gives keywords: an error about one must not name the variable it
+    replaced (the user would look for the mistake in the environment)."""
+    settings = Settings.from_env({"OBLETH_MAX_QUEUE": "5", "OBLETH_QUEUE_TIMEOUT_S": "2"})
+    with pytest.raises(ConfigError, match=r"^max_queue=-1"):
+        settings.replace(max_queue=-1)
+    with pytest.raises(ConfigError, match=r"^OBLETH_QUEUE_TIMEOUT_S=-1"):
+        dataclasses.replace(settings, queue_timeout_s=-1)
+    assert settings.replace(max_queue=7).label("queue_timeout_s") == "OBLETH_QUEUE_TIMEOUT_S"
+
+
 def test_every_setting_has_an_environment_variable() -> None:
     """Each Settings field (but its source markers) is reachable as OBLETH_<NAME>."""
     fields = {f.name for f in dataclasses.fields(Settings)} - {"env_names"}
@@ -91,6 +102,11 @@ def test_every_setting_has_an_environment_variable() -> None:
             "OBLETH_TENANT_MAX_IN_FLIGHT='free:1.5'",
             "whole number",
         ),
+        ({"OBLETH_TENANT_MAX_IN_FLIGHT": "free:0"}, "OBLETH_TENANT_MAX_IN_FLIGHT=", "free: cap 0"),
+        ({"OBLETH_TENANT_MAX_IN_FLIGHT": "x"}, "OBLETH_TENANT_MAX_IN_FLIGHT='x'", "free:4,*:16"),
+        ({"OBLETH_DEFAULT_TENANT_WEIGHT": "x"}, "OBLETH_DEFAULT_TENANT_WEIGHT='x'", "a weight"),
+        ({"OBLETH_ROUTING_LOAD_BOUND": "x"}, "OBLETH_ROUTING_LOAD_BOUND='x'", "a number, e.g."),
+        ({"OBLETH_EXEMPT_PATHS": "/a,/a/"}, "OBLETH_EXEMPT_PATHS=", "listed twice"),
     ],
 )
 def test_bad_environment_names_the_variable_value_and_fix(
@@ -124,6 +140,13 @@ def test_bad_environment_names_the_variable_value_and_fix(
         ),
         ({"priority_header": "authorization"}, "priority_header=", "a header of its own"),
         ({"global_max_inflight": 3}, "global_max_inflight=3", "did you mean global_max_in_flight"),
+        ({"queue_timeout_s": 10**400}, "queue_timeout_s=1000", "finite number of seconds"),
+        ({"learning_window_s": 10**400}, "learning_window_s=1000", "number of seconds"),
+        ({"routing_load_bound": 10**400}, "routing_load_bound=1000", "finite number"),
+        ({"default_tenant_weight": 10**400}, "default_tenant_weight=1000", "too large"),
+        ({"tenant_weights": {"gold": 10**5000}}, "tenant_weights=", "gold: weight is too large"),
+        ({"exempt_paths": ("/a", "/a/")}, "exempt_paths=", "listed twice"),
+        ({"env_names": 5}, "env_names=5", "set by Settings.from_env"),
     ],
 )
 def test_bad_keywords_name_the_setting_value_and_fix(

@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
+from gateway.core.numbers import finite
+
 _V = TypeVar("_V")
 
 
@@ -46,6 +48,8 @@ def check_weights(weights: Mapping[str, object]) -> dict[str, float]:
     for name, weight in named_entries(weights).items():
         if isinstance(weight, bool) or not isinstance(weight, int | float):
             raise WeightSyntaxError(f"{name}: weight {weight!r} is not a number")
+        if isinstance(weight, int) and not finite(weight):
+            raise WeightSyntaxError(f"{name}: weight is too large; it must be a finite number")
         result[name] = _parse_weight(name, repr(weight))
     return result
 
@@ -75,7 +79,8 @@ def _parse_weight(name: str, text: str) -> float:
     try:
         weight = float(text)
     except ValueError:
-        raise WeightSyntaxError(f"{name}: weight {text!r} is not a number") from None
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise WeightSyntaxError(f"{name}: weight {shown!r} is not a number") from None
     if not math.isfinite(weight) or weight <= 0:
         raise WeightSyntaxError(f"{name}: weight {text!r} must be finite and greater than 0")
     return weight

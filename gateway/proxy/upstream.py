@@ -92,6 +92,8 @@ def parse_upstream(url: str, setting: str = "upstream") -> httpx.URL:
         raise ConfigError(setting, url, expected)
     if parsed.query or parsed.fragment:
         raise ConfigError(setting, url, f"{expected}, without a query or fragment")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ConfigError(setting, url, f"port {parsed.port} is out of range (1-65535); {expected}")
     return parsed
 
 

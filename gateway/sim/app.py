@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -17,6 +18,7 @@ from gateway.sim.config import SimConfig
 from gateway.sim.engine import SimEngine
 from gateway.sim.metrics import CONTENT_TYPE, render_metrics
 from gateway.sim.stats import SimStats
+from gateway.sim.wire import error_body
 
 
 def create_app(config: SimConfig | None = None, engine: SimEngine | None = None) -> Starlette:
@@ -87,8 +89,24 @@ def create_app(config: SimConfig | None = None, engine: SimEngine | None = None)
         Route("/sim/stats", sim_stats, methods=["GET"]),
         Route("/sim/reset", sim_reset, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
+    )
     app.state.config = sim_engine.config
     app.state.engine = sim_engine
     app.state.stats = stats
     return app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """An unknown path (404) or method (405) answered in OpenAI's error shape, as every
+    other error of the simulator is, so that clients parse one kind of error body."""
+    assert isinstance(exc, HTTPException)
+    path = request.url.path
+    if exc.status_code == 404:
+        message = f"no route {path}; see GET /v1/models and docs/sim.md"
+    elif exc.status_code == 405 and exc.headers and "Allow" in exc.headers:
+        message = f"{request.method} is not allowed on {path}; use {exc.headers['Allow']}"
+    else:
+        message = f"{path}: {exc.detail}"
+    return JSONResponse(error_body(message), status_code=exc.status_code, headers=exc.headers)

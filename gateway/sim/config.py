@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
+from gateway.core.numbers import finite
 from gateway.errors import ConfigError
 
 # Smallest accepted value of each integer setting. prefix_cache_blocks may be 0: that
@@ -69,7 +69,7 @@ class SimConfig:
     """Completion tokens generated when a request sets no `max_tokens`."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not self.model:
+        if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError("model", self.model, "must be a non-empty model name")
         for field in fields(self):
             value = getattr(self, field.name)
@@ -78,7 +78,5 @@ class SimConfig:
                 # bool is an int subclass; True as a slot count is a mistake, not a 1.
                 if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                     raise ConfigError(field.name, value, f"must be an integer >= {minimum}")
-            elif field.name in _DURATIONS:
-                valid = isinstance(value, int | float) and not isinstance(value, bool)
-                if not valid or not math.isfinite(value) or value < 0:
-                    raise ConfigError(field.name, value, "must be a finite number of seconds >= 0")
+            elif field.name in _DURATIONS and (not finite(value) or value < 0):
+                raise ConfigError(field.name, value, "must be a finite number of seconds >= 0")

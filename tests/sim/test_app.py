@@ -328,6 +328,26 @@ async def test_bad_requests_get_an_openai_style_400(
     assert (current["failed"], current["concurrency"]) == (1, 0)
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status", "said"),
+    [
+        ("POST", "/v1/embeddings", 404, "no route /v1/embeddings"),
+        ("GET", "/v1/completions", 405, "GET is not allowed on /v1/completions; use POST"),
+    ],
+)
+async def test_unknown_paths_and_methods_get_an_openai_style_error(
+    client: httpx.AsyncClient, method: str, path: str, status: int, said: str
+) -> None:
+    """A client of the simulator parses one kind of error body, whatever went wrong."""
+    response = await client.request(method, path)
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and said in error["message"]
+    if status == 405:
+        assert response.headers["allow"] == "POST"
+
+
 async def test_x_sim_fail_answers_the_requested_status_without_generating(
     client: httpx.AsyncClient,
 ) -> None:

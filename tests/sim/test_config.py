@@ -28,6 +28,7 @@ def test_zero_prefix_cache_blocks_is_allowed_to_disable_caching() -> None:
     ("setting", "value"),
     [
         ("model", ""),
+        ("model", "   "),
         ("max_num_seqs", 0),
         ("max_num_seqs", True),
         ("max_num_seqs", 2.5),
@@ -39,6 +40,7 @@ def test_zero_prefix_cache_blocks_is_allowed_to_disable_caching() -> None:
         ("step_s", -0.001),
         ("step_s_per_seq", math.inf),
         ("prefill_s_per_token", math.nan),
+        ("step_s", 10**400),
         ("prefill_s_per_token", "0.1"),
     ],
 )
