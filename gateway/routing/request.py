@@ -39,7 +39,9 @@ def parse_body(body: bytes | None) -> Mapping[str, object] | None:
         return None
     try:
         payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
+        # ValueError covers bad UTF-8 and bad JSON; RecursionError, nesting deeper than
+        # the parser goes (a few hundred bytes of "[" are enough)
         return None
     return payload if isinstance(payload, dict) else None
 

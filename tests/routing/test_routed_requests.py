@@ -443,6 +443,27 @@ async def test_a_model_name_that_is_no_valid_utf8_is_routed_like_any_other(
     assert sims[0].stats().completed == 1
 
 
+async def test_a_body_nested_too_deep_to_parse_is_left_for_the_upstream_to_refuse(
+    http: httpx.AsyncClient,
+) -> None:
+    """The gateway routes a body it cannot parse (here JSON nested deeper than Python's
+    parser goes) without a model or a prompt, so the upstream answers it, 400; the
+    gateway neither fails with a 500 nor keeps the seat."""
+    body = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    async with simulators(1) as sims, routed_gateway(sims, global_max_in_flight=1) as gateway:
+        refused = await http.post(
+            f"{gateway.url}/v1/completions",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        served = await http.post(f"{gateway.url}/v1/completions", json=SHORT)
+        await settled(gateway)
+
+    assert refused.status_code == 400, refused.text
+    assert "not valid JSON" in refused.json()["error"]["message"]
+    assert served.status_code == 200 and sims[0].stats().completed == 1
+
+
 async def test_a_fault_while_routing_gives_the_seat_back(
     http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
