@@ -79,13 +79,10 @@ class GatewayMiddleware:
         except OblethError as exc:
             if not _loop_running():
                 raise
-            self._fail_at_start(exc)
+            self._fail_at_start(exc, settings)
             return
         config = self.gateway.settings
-        self._exempt = frozenset(config.exempt_paths)
-        self._exempt_prefixes = tuple(path + "/" for path in config.exempt_paths if path != "/")
-        #: whether each recently seen path is exempt: one dict lookup per request
-        self._exempt_by_path: dict[str, bool] = {}
+        self._exempt_paths(config.exempt_paths)
         #: the state record of each recent ticket admitted without waiting, built once and
         #: shared by its requests (records are read-only)
         self._at_once: dict[Ticket, Record] = {}
@@ -111,13 +108,19 @@ class GatewayMiddleware:
         self._poll_interval_s = config.upstream_poll_interval_s
         self._retry_after_s = config.retry_after_s
 
-    def _fail_at_start(self, error: OblethError) -> None:
+    def _exempt_paths(self, paths: tuple[str, ...]) -> None:
+        self._exempt = frozenset(paths)
+        self._exempt_prefixes = tuple(path + "/" for path in paths if path != "/")
+        #: whether each recently seen path is exempt: one dict lookup per request
+        self._exempt_by_path: dict[str, bool] = {}
+
+    def _fail_at_start(self, error: OblethError, settings: Settings | None) -> None:
         """Serve as a gateway that cannot start: lifespan reports ``error`` to the server,
-        requests are answered 503 (see the class docstring)."""
+        requests are answered 503 (see the class docstring), but for exempt paths: the
+        health checks and metrics that tell operators so still reach the app (the paths
+        of ``settings`` when they were given, else the default ones)."""
         self.gateway = cast(Gateway, _Unassembled(error))
-        self._exempt = frozenset()
-        self._exempt_prefixes = ()
-        self._exempt_by_path = {}
+        self._exempt_paths(settings.exempt_paths if settings is not None else Settings.exempt_paths)
         self._fast_seats = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

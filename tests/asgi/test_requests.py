@@ -546,7 +546,11 @@ def starlette_app_with_gateway(started: list[str]) -> Starlette:
         yield
 
     app = Starlette(
-        routes=[Route("/", lambda request: PlainTextResponse("hello"))], lifespan=lifespan
+        routes=[
+            Route("/", lambda request: PlainTextResponse("hello")),
+            Route("/healthz", lambda request: PlainTextResponse("alive")),
+        ],
+        lifespan=lifespan,
     )
     app.add_middleware(GatewayMiddleware)
     return app
@@ -574,14 +578,17 @@ def test_a_bad_environment_stops_a_starlette_app_at_startup(
 def test_a_bad_environment_without_lifespan_answers_503_and_logs_why(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Served without lifespan, the app is never reached: each request gets a JSON 503
-    ``gateway_not_started`` with ``Retry-After``, and the log says why, once."""
+    """Served without lifespan, the app is reached only on exempt paths (the health check
+    that tells the operator): every other request gets a JSON 503 ``gateway_not_started``
+    with ``Retry-After``, and the log says why, once."""
     monkeypatch.setenv("OBLETH_GLOBAL_MAX_IN_FLIGHT", "0")
 
     async def scenario() -> None:
         app = starlette_app_with_gateway([])
         async with serve_in_task(app, lifespan="off") as server, httpx.AsyncClient() as http:
             responses = [await http.get(f"{server.url}/") for _ in range(3)]
+            health = await http.get(f"{server.url}/healthz")
+        assert (health.status_code, health.text) == (200, "alive")
         for response in responses:
             assert response.status_code == 503
             assert response.headers["retry-after"] == "1"
