@@ -12,6 +12,11 @@ from collections import deque
 from gateway.errors import BadRequest, Disconnected
 from gateway.types import Message, Receive
 
+#: How much of a body still arriving the disconnect watch of a waiting request takes off
+#: the connection, at most (about what uvicorn buffers before it stops reading): held for
+#: every waiter, the whole body would cost up to ``max_queue`` times ``max_body_bytes``.
+WATCH_BYTES = 64 * 1024
+
 
 class BodyTooLarge(BadRequest):
     def __init__(self, limit: int) -> None:
@@ -51,11 +56,19 @@ class RequestBody:
         self._buffered.append({"type": "http.request", "body": body, "more_body": False})
         return body
 
+    @property
+    def complete(self) -> bool:
+        """Whether the whole body has been received (and is kept for the app)."""
+        return self._complete
+
     async def watch_disconnect(self) -> bool:
-        """Returns True once the client is gone; False when it can no longer tell (a body
-        larger than the bound keeps streaming in, and is left for the app to read)."""
+        """Returns True once the client is gone; False when it stops telling: a body
+        still arriving past ``WATCH_BYTES`` (or the bound, if lower) is left on the
+        connection for the app to read, and the app finds a client that left when it
+        does. A body received whole is watched past it, however large."""
+        budget = min(self._limit, WATCH_BYTES)
         while True:
-            if self._seen_bytes > self._limit:
+            if self._seen_bytes > budget and not self._complete:
                 return False
             message = await self._take()
             if message["type"] == "http.disconnect":

@@ -268,9 +268,15 @@ class GatewayMiddleware:
     async def _wait_for_seat(
         self, ticket: Ticket, scope: Scope, body: RequestBody, send: Send
     ) -> Permit | None:
-        """The full path: queue, or answer 503/429; None when nobody is left to serve."""
+        """The full path: queue, or answer 503/429; None when nobody is left to serve.
+
+        While it waits, the client is watched for a disconnect (see
+        ``RequestBody.watch_disconnect``); not a client that sent ``Expect: 100-continue``
+        and no body yet: reading would tell the server to ask for the body, which such a
+        client sends only to a server that will take it."""
+        watch = None if not body.complete and _expects_continue(scope) else body.watch_disconnect
         try:
-            permit = await self._scheduler.acquire(ticket, disconnected=body.watch_disconnect)
+            permit = await self._scheduler.acquire(ticket, disconnected=watch)
         except Rejected as exc:
             if self._observes:
                 self._plugins.rejected(_info(ticket, scope), exc.reason)
@@ -471,6 +477,13 @@ def _state(scope: Scope) -> dict[str, Any]:
 
 def _info(ticket: Ticket, scope: Scope) -> RequestInfo:
     return RequestInfo(ticket.tenant, ticket.priority, scope["method"], scope["path"])
+
+
+def _expects_continue(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"expect":
+            return bool(value.strip().lower() == b"100-continue")
+    return False
 
 
 def _has_json_body(scope: Scope) -> bool:

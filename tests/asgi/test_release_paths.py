@@ -220,6 +220,37 @@ def test_client_that_leaves_while_queued_takes_no_seat() -> None:
     run(scenario)
 
 
+def test_client_that_leaves_while_queued_after_sending_a_large_body_takes_no_seat() -> None:
+    """A body received whole is watched past it, however large: the client that sent
+    more than ``max_body_bytes`` and left while waiting is dropped like any other."""
+    calls: list[str] = []
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            calls.append(scope["path"])
+            await release.wait()
+            await JSONResponse({})(scope, receive, send)
+
+        gw = middleware(app, global_max_in_flight=1, max_body_bytes=1000)
+        first, second = Client(), Client(body=b"x" * 5000)
+        running = asyncio.create_task(gw(http_scope("/a"), first.receive, first.send))
+        scope = http_scope("/b", headers={"content-type": "application/octet-stream"})
+        waiting = asyncio.create_task(gw(scope, second.receive, second.send))
+        await asyncio.sleep(0.01)
+        assert gw.gateway.snapshot().queued == 1
+        second.gone.set()
+        await asyncio.wait_for(waiting, 1)
+        assert second.sent == [] and gw.gateway.snapshot().queued == 0
+        release.set()
+        await running
+        assert calls == ["/a"]
+        assert_released_once(gw, 1)
+
+    run(scenario)
+
+
 def test_observers_see_each_request_admitted_and_finished_once() -> None:
     """Plugins observing requests get one admitted and one finished call per request."""
     from gateway import hookimpl

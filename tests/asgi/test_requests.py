@@ -17,6 +17,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from gateway import Classification, GatewayMiddleware, Settings, Ticket, hookimpl
+from gateway.asgi.body import WATCH_BYTES
 from gateway.builtin.classifier import tenant_of_key
 from gateway.loopback import serve_in_task
 from gateway.types import Message, Receive, Scope, Send
@@ -144,6 +145,78 @@ def test_non_json_body_streams_to_the_app_unread() -> None:
         scope = http_scope(headers={"content-type": "application/octet-stream"})
         await gw(scope, client.receive, client.send)
         assert app.bodies == [body]
+
+    run(scenario)
+
+
+def test_a_waiting_upload_is_left_on_the_connection_past_the_watch_budget() -> None:
+    """While a large upload waits for a seat, the gateway takes no more than
+    ``WATCH_BYTES`` of it off the connection (holding every waiter's body would cost
+    ``max_queue`` times ``max_body_bytes``); once admitted, the app reads it whole."""
+    body = bytes(range(256)) * 4096  # 1 MiB, in 64 chunks of 16 KiB
+
+    async def scenario() -> None:
+        app = Echo()
+        gw = GatewayMiddleware(app, Settings(global_max_in_flight=1))
+        await gw.gateway.start()
+        holder = await gw.gateway.scheduler.acquire(Ticket("other"))
+        client = Client(body=body, chunks=64)
+        scope = http_scope(headers={"content-type": "application/octet-stream"})
+        request = asyncio.create_task(gw(scope, client.receive, client.send))
+        await asyncio.sleep(0.05)
+        assert gw.gateway.snapshot().queued == 1
+        taken = 64 - len(client._pending)
+        assert 1 <= taken * 16 * 1024 <= WATCH_BYTES + 16 * 1024
+        holder.release()
+        await asyncio.wait_for(request, 2)
+        assert app.bodies == [body] and client.status == 200
+
+    run(scenario)
+
+
+async def _read_until(reader: asyncio.StreamReader, marker: bytes) -> bytes:
+    """What the server sends until ``marker`` has arrived (or 5 s have passed)."""
+    seen = b""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(5):
+            while marker not in seen:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                seen += chunk
+    return seen
+
+
+def test_a_client_expecting_100_continue_is_not_asked_for_its_body_while_it_waits() -> None:
+    """``Expect: 100-continue`` lets a client hold its body back until the server will
+    take it: a request that waits is not asked for it (a 503 comes without a
+    ``100 Continue`` first), and one admitted is, and runs with its body."""
+    head = (
+        b"POST /v1/upload HTTP/1.1\r\nhost: t\r\ncontent-type: application/octet-stream\r\n"
+        b"expect: 100-continue\r\ncontent-length: 5\r\n\r\n"
+    )
+
+    async def scenario() -> None:
+        app = Echo()
+        gw = GatewayMiddleware(app, Settings(global_max_in_flight=1, queue_timeout_s=0.3))
+        await gw.gateway.start()
+        async with serve_in_task(gw, lifespan="off") as server:
+            holder = await gw.gateway.scheduler.acquire(Ticket("other"))
+            reader, writer = await asyncio.open_connection(server.host, server.port)
+            writer.write(head)
+            refused = await _read_until(reader, b"queue_timeout")
+            writer.close()
+            holder.release()
+            reader, writer = await asyncio.open_connection(server.host, server.port)
+            writer.write(head)
+            asked = await _read_until(reader, b"100 Continue\r\n\r\n")
+            writer.write(b"hello")
+            served = await _read_until(reader, b"hello")
+            writer.close()
+        await gw.gateway.stop()
+        assert b"100 Continue" not in refused and b" 503 " in refused.split(b"\r\n")[0]
+        assert asked.startswith(b"HTTP/1.1 100 Continue")
+        assert served.startswith(b"HTTP/1.1 200") and app.bodies == [b"hello"]
 
     run(scenario)
 
