@@ -4,7 +4,9 @@ streaming proxy, for users without an ASGI app of their own."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -12,6 +14,7 @@ import uvicorn
 from gateway.asgi.middleware import GatewayMiddleware
 from gateway.asgi.responses import send_json
 from gateway.cli.server_flags import add_server_flags
+from gateway.errors import ConfigError
 from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
 from gateway.settings import Settings
@@ -70,8 +73,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(run=run)
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    """``OBLETH_*`` settings with the flags on top; a bad value raises ``ConfigError``."""
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the flags given set; they win over ``OBLETH_*`` variables."""
     overrides: dict[str, Any] = {}
     if args.upstream:
         overrides["upstreams"] = tuple(args.upstream)
@@ -81,7 +84,23 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             overrides[setting] = value
     if args.upstream_header is not None:
         overrides["upstream_header"] = args.upstream_header
-    return Settings.from_env(**overrides)
+    return overrides
+
+
+_FLAG_OF = {setting: flag for flag, setting, _, _ in _FLAGS} | {"upstreams": "--upstream"}
+
+
+@contextlib.contextmanager
+def _naming_flags(overrides: dict[str, Any]) -> Iterator[None]:
+    """A ``ConfigError`` about a setting a flag gave names the flag, not the setting (one
+    about a value from the environment names its variable, as ever)."""
+    try:
+        yield
+    except ConfigError as exc:
+        flag = _FLAG_OF.get(exc.setting)
+        if flag is None or exc.setting not in overrides:
+            raise
+        raise ConfigError(flag, exc.value, exc.expected) from None
 
 
 def build_app(settings: Settings) -> _Probes:
@@ -101,8 +120,10 @@ def build_app(settings: Settings) -> _Probes:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; returns the exit code."""
-    settings = settings_from_args(args)
-    app = build_app(settings)
+    overrides = _overrides(args)
+    with _naming_flags(overrides):
+        settings = Settings.from_env(**overrides)
+        app = build_app(settings)
     upstreams = ", ".join(str(u) for u in settings.upstreams)
     print(
         f"obleth serve: http://{args.host}:{args.port} -> {upstreams} "

@@ -1,0 +1,45 @@
+"""`obleth serve` flags: a bad value is reported under the flag the user typed."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.cli import main
+
+UPSTREAM = ("--upstream", "http://127.0.0.1:9")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        ((*UPSTREAM, "--max-in-flight", "0"), "--max-in-flight=0: expected a whole number"),
+        ((*UPSTREAM, "--policy", "random"), "--policy='random': expected weighted"),
+        ((*UPSTREAM, "--scorers", "x"), "--scorers='x': 'x' has no ':weight'"),
+        ((*UPSTREAM, "--redis-url", "http://x"), "--redis-url='http://x': unknown scheme"),
+        ((*UPSTREAM, "--pool", "a b"), "--pool='a b': expected 1 to 64 letters"),
+        (
+            (*UPSTREAM, "--overflow-policy", "drop"),
+            "--overflow-policy='drop': no overflow policy by that name",
+        ),
+        (
+            (*UPSTREAM, "--upstream", "http://127.0.0.1:99999"),
+            "--upstream='http://127.0.0.1:99999': port 99999 is out of range",
+        ),
+    ],
+)
+def test_a_bad_flag_value_stops_serve_naming_the_flag(
+    argv: tuple[str, ...], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the user typed is what the message names; nothing is served (the upstream
+    port 9 is never asked)."""
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"obleth: {said}") and "Traceback" not in err
+
+
+def test_a_bad_value_from_the_environment_is_named_as_its_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OBLETH_GLOBAL_MAX_IN_FLIGHT", "0")
+    assert main(["serve", *UPSTREAM]) == 2
+    assert capsys.readouterr().err.startswith("obleth: OBLETH_GLOBAL_MAX_IN_FLIGHT=0:")
