@@ -52,7 +52,14 @@ def bearer_token(authorization: bytes) -> str | None:
 
 
 def _tenant_named(value: bytes) -> str:
-    return value.decode("latin-1").strip()
+    """The tenant a header names: UTF-8, as clients send names like ``café`` today (and
+    as a name in ``tenant_weights`` is written); bytes that are no UTF-8 read as Latin-1,
+    HTTP's old default, so that every value names some tenant."""
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        text = value.decode("latin-1")
+    return text.strip()
 
 
 def _tenant_of_authorization(value: bytes) -> str:

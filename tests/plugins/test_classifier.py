@@ -28,6 +28,7 @@ VALUES = [
     "",
     "  ",
     " gold ",
+    "café",
     "critical",
     "Background",
     "urgent",
@@ -42,7 +43,12 @@ def expected(headers: Headers, config: Settings) -> tuple[str, str] | str:
     seen = {name.decode("latin-1"): value.decode("latin-1") for name, value in headers}
     tenant = None
     if config.tenant_header is not None:
-        tenant = seen.get(config.tenant_header, "").strip() or None
+        raw = seen.get(config.tenant_header, "").encode("latin-1")
+        try:
+            named = raw.decode("utf-8")  # a tenant's name is UTF-8 ...
+        except UnicodeDecodeError:
+            named = raw.decode("latin-1")  # ... or, when it is no UTF-8, Latin-1
+        tenant = named.strip() or None
     if tenant is None:
         scheme, _, token = seen.get("authorization", "").partition(" ")
         key = token.strip() if scheme.lower() == "bearer" else ""
@@ -66,8 +72,9 @@ def answer(reader: HeaderReader, headers: Iterable[tuple[bytes, bytes]]) -> tupl
 
 
 header_lists = st.lists(
-    st.tuples(st.sampled_from(NAMES), st.sampled_from(VALUES)).map(
-        lambda pair: (pair[0].encode(), pair[1].encode())
+    st.tuples(st.sampled_from(NAMES), st.sampled_from([*VALUES, "caf\xe9"])).map(
+        # "café" goes as UTF-8, "caf\xe9" as Latin-1 (one byte no UTF-8 decoder takes)
+        lambda pair: (pair[0].encode(), pair[1].encode("utf-8" if pair[1] in VALUES else "latin-1"))
     ),
     max_size=6,
 )
