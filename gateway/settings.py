@@ -24,6 +24,7 @@ from gateway.core.weights import (
     WeightSyntaxError,
     check_weights,
     named_entries,
+    parse_pairs,
     parse_weights,
 )
 from gateway.errors import ConfigError
@@ -273,24 +274,19 @@ def _env_caps(key: str, text: str) -> int | dict[str, int] | None:
             return int(text)
         except ValueError:
             raise ConfigError(key, text, _CAPS_EXPECTED) from None
-    caps: dict[str, int] = {}
-    for raw in text.split(","):
-        part = raw.strip()
-        if not part:
-            continue
-        name, _, number = part.partition(":")
-        name = name.strip()
-        if not name:
-            raise ConfigError(key, text, f"{part!r} has no tenant before ':'; {_CAPS_EXPECTED}")
-        if name in caps:
-            raise ConfigError(key, text, f"{name!r} is given twice; {_CAPS_EXPECTED}")
-        try:
-            caps[name] = int(number.strip())
-        except ValueError:
-            raise ConfigError(
-                key, text, f"{part!r}: a cap is a whole number; {_CAPS_EXPECTED}"
-            ) from None
-    return caps
+    try:
+        return parse_pairs(text, _parse_cap, what="cap")
+    except WeightSyntaxError as exc:
+        raise ConfigError(key, text, f"{exc}; {_CAPS_EXPECTED}") from None
+
+
+def _parse_cap(name: str, text: str) -> int:
+    """A cap as written in the environment; whether it is at least 1 is ``_check_caps``'s
+    to say, for keywords and variables alike."""
+    try:
+        return int(text)
+    except ValueError:
+        raise WeightSyntaxError(f"{name}: cap {text!r} is not a whole number") from None
 
 
 def _check_int(minimum: int) -> Callable[[Settings, str, Any], int]:

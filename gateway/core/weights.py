@@ -1,9 +1,10 @@
-"""Parsing of ``name:weight`` lists: ``gold:4,free:1``, ``prefix-affinity:5,queue-depth:1``."""
+"""Parsing of ``name:value`` lists: weights (``gold:4,free:1``, ``prefix-affinity:5,queue-depth:1``)
+and caps (``free:4,*:16``)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from gateway.core.numbers import finite
@@ -22,23 +23,35 @@ def parse_weights(text: str, *, allow_bare: bool = False) -> dict[str, float]:
     finite number greater than zero; a name may appear once. With ``allow_bare`` a name
     without ``:weight`` counts as weight 1. An empty text gives an empty mapping.
     """
-    result: dict[str, float] = {}
+    return parse_pairs(text, _parse_weight, what="weight", bare="1" if allow_bare else None)
+
+
+def parse_pairs(
+    text: str, value_of: Callable[[str, str], _V], *, what: str, bare: str | None = None
+) -> dict[str, _V]:
+    """Parse ``"a:x,b:y"`` into ``{"a": value_of("a", "x"), "b": value_of("b", "y")}``.
+
+    The rules of :func:`parse_weights` for names; ``value_of`` raises
+    ``WeightSyntaxError`` for a value it cannot use. A name without ``:value`` stands for
+    ``bare`` (when None, that is an error, which calls the value ``what``).
+    """
+    result: dict[str, _V] = {}
     for raw in text.split(","):
         part = raw.strip()
         if not part:
             continue
-        name, sep, weight_text = part.partition(":")
+        name, sep, value_text = part.partition(":")
         name = name.strip()
         if not name:
             raise WeightSyntaxError(f"{part!r} has no name before ':'")
         if not sep:
-            if not allow_bare:
-                raise WeightSyntaxError(f"{part!r} has no ':weight' (write {name}:1)")
-            weight_text = "1"
-        result_weight = _parse_weight(name, weight_text.strip())
+            if bare is None:
+                raise WeightSyntaxError(f"{part!r} has no ':{what}' (write {name}:1)")
+            value_text = bare
+        value = value_of(name, value_text.strip())
         if name in result:
             raise WeightSyntaxError(f"{name!r} is given twice")
-        result[name] = result_weight
+        result[name] = value
     return result
 
 

@@ -83,6 +83,11 @@ def classified_past(
     return answer, record
 
 
+@hookimpl
+def obleth_request_admited(request: RequestInfo, wait_s: float) -> None:
+    """An observer hook misspelled (``admitted``), as plugins are found to have."""
+
+
 class Fixed:
     """A capacity provider with a constant limit of 3."""
 
@@ -400,10 +405,6 @@ def test_problems_of_several_plugins_are_reported_together() -> None:
     def obleth_capacity_providers() -> dict[str, object]:
         return {"fixed": Fixed}
 
-    @hookimpl
-    def obleth_request_admited(request: RequestInfo, wait_s: float) -> None:
-        pass
-
     with pytest.raises(PluginError) as caught:
         facade(
             plugin("unmarked", obleth_capacity_providers=obleth_capacity_providers),
@@ -432,10 +433,6 @@ def test_problems_with_offers_and_names_are_reported_together() -> None:
     @hookimpl
     def obleth_routing_scorers() -> dict[str, object]:
         return {"Shouty_Scorer": Fixed}
-
-    @hookimpl
-    def obleth_request_admited(request: RequestInfo, wait_s: float) -> None:
-        pass
 
     with pytest.raises(PluginError) as caught:
         facade(
