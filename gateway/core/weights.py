@@ -89,11 +89,11 @@ def format_weights(weights: Iterable[tuple[str, float]]) -> str:
 
 
 def _parse_weight(name: str, text: str) -> float:
+    shown = text if len(text) <= 40 else text[:37] + "..."
     try:
         weight = float(text)
     except ValueError:
-        shown = text if len(text) <= 40 else text[:37] + "..."
         raise WeightSyntaxError(f"{name}: weight {shown!r} is not a number") from None
     if not math.isfinite(weight) or weight <= 0:
-        raise WeightSyntaxError(f"{name}: weight {text!r} must be finite and greater than 0")
+        raise WeightSyntaxError(f"{name}: weight {shown!r} must be finite and greater than 0")
     return weight
