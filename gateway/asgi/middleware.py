@@ -366,8 +366,7 @@ class GatewayMiddleware:
                 self._plugins.routed(
                     _info(permit.ticket, scope), decision.upstream, decision.scores
                 )
-            upstream = decision.upstream.encode("latin-1") if self._upstream_header else None
-            send = _ending_at_last_byte(send, end, upstream)
+            send = _ending_at_last_byte(send, end, decision if self._upstream_header else None)
             await self._run(scope, receive, send, body, permit, record)
         finally:
             end()
@@ -406,11 +405,12 @@ class GatewayMiddleware:
 
 
 def _ending_at_last_byte(
-    send: Send, end: Callable[[], object], upstream: bytes | None = None
+    send: Send, end: Callable[[], object], named: Decision | None = None
 ) -> Send:
     """``send`` that calls ``end()`` (which gives the seats back, and ends the routing
-    decision) when the app hands the server the response's last chunk, and with
-    ``upstream`` adds ``x-obleth-upstream``.
+    decision) when the app hands the server the response's last chunk, and with ``named``
+    adds ``x-obleth-upstream``: the decision's upstream when the response starts, which
+    after a retry is the one that answered.
 
     An app may take more event-loop turns to return after that (a proxy closing its
     upstream connection, a streaming response tearing down, background tasks), and the
@@ -426,9 +426,9 @@ def _ending_at_last_byte(
     def send_and_end(message: Message) -> Awaitable[None]:
         kind = message["type"]
         if kind == "http.response.start":
-            if upstream is not None:
+            if named is not None:
                 headers = list(message.get("headers", []))
-                headers.append((b"x-obleth-upstream", upstream))
+                headers.append((b"x-obleth-upstream", named.upstream.encode("latin-1")))
                 message = {**message, "headers": headers}
         elif kind == "http.response.body" and not message.get("more_body", False):
             end()

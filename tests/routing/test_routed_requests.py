@@ -14,6 +14,9 @@ from typing import Any
 import httpx
 import pytest
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
 
 from gateway.asgi.middleware import GatewayMiddleware
 from gateway.gateway import Gateway
@@ -259,6 +262,31 @@ async def test_responses_name_the_upstream_only_when_upstream_header_is_on(
     assert (answered.status_code, streamed.status_code) == (200, 200)
     names = [r.headers.get(UPSTREAM_HEADER) for r in (answered, streamed)]
     assert names == (chosen if upstream_header else [None, None])
+
+
+async def test_after_a_retry_the_upstream_header_names_the_upstream_that_answered(
+    http: httpx.AsyncClient,
+) -> None:
+    """An app (the proxy, here a stand-in) that gives up the chosen upstream and retries
+    on the next one answers with the header naming that next one."""
+    choices: list[tuple[str, str | None]] = []
+
+    async def retrying(request: Request) -> Response:
+        decision = request.scope["state"]["obleth"]["route"]
+        choices.append((decision.upstream, decision.reroute()))
+        return PlainTextResponse("answered")
+
+    app = Starlette(routes=[Route("/v1/completions", retrying, methods=["POST"])])
+    async with (
+        simulators(2) as sims,
+        routed_gateway(sims, app=app, upstream_header=True) as gateway,
+    ):
+        response = await http.post(f"{gateway.url}/v1/completions", json=SHORT)
+        await settled(gateway)
+
+    [(first, second)] = choices
+    assert second is not None and second != first
+    assert response.headers[UPSTREAM_HEADER] == second
 
 
 # -- in-flight counts given back on every path -------------------------------------------------
