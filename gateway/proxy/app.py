@@ -17,6 +17,7 @@ from gateway.proxy.upstream import (
     route_of,
     routed_upstream,
     target_url,
+    unforwardable_path,
 )
 from gateway.types import Receive, Scope, Send
 
@@ -121,6 +122,10 @@ class ProxyApp:
         return client
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refused = unforwardable_path(scope)
+        if refused is not None:
+            await send_json_error(send, 400, refused, code="invalid_path")
+            return
         chosen = self.choose_upstream(scope)
         if chosen is None:
             log.error(

@@ -30,7 +30,7 @@ What callers of ``forward`` may rely on:
   ``upstream_connections_exhausted`` (every pooled connection stayed busy for longer than
   the connect timeout), 504 ``upstream_timeout`` (no response headers within
   ``response_timeout_s``; the clock starts once the request is written, so connecting
-  and a slow upload do not count).
+  and a slow upload do not count; or the upstream took none of the body for that long).
 - After it has started, the status cannot change any more: an upstream failure, or a
   silence of more than ``read_timeout_s`` between two body chunks, cuts the response short
   without its end (no final chunk, or fewer bytes than Content-Length), so the client
@@ -217,13 +217,18 @@ class _Upstream:
         """The response from ``url``, its body still to be read, or the failure that came
         instead; no response headers within the response timeout is ``httpx.ReadTimeout``
         (the client itself has no read timeout)."""
+        timeouts = self._client.timeout.as_dict()
+        if self._response_timeout_s is not None:
+            # an upstream that stops taking the body for that long is not going to answer
+            # either: without this a write into its full socket would wait for ever
+            timeouts["write"] = self._response_timeout_s
         request = httpx.Request(
             self._method,
             url,
             headers=self._headers,
             content=self._content,
             # a Request built by hand gets no timeouts unless it carries the client's
-            extensions={"timeout": self._client.timeout.as_dict()},
+            extensions={"timeout": timeouts},
         )
         deadline = asyncio.timeout(None)
         if self._response_timeout_s is not None:
@@ -361,7 +366,7 @@ async def _answer_failure(send: Send, url: httpx.URL, exc: httpx.TransportError)
     elif isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         status, code = 502, "upstream_unreachable"
         message = "the upstream inference server could not be reached; retry later"
-    elif isinstance(exc, httpx.ReadTimeout):
+    elif isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
         status, code = 504, "upstream_timeout"
         message = "the upstream inference server did not start answering in time; retry later"
     else:

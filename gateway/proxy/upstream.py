@@ -97,6 +97,30 @@ def parse_upstream(url: str, setting: str = "upstream") -> httpx.URL:
     return parsed
 
 
+def unforwardable_path(scope: Scope) -> str | None:
+    """Why the request target of ``scope`` cannot be forwarded, or None when it can.
+
+    A target that is no path (``OPTIONS *``, an authority) names no resource of an
+    upstream. A path with a ``.`` or ``..`` segment would be resolved on the way (by the
+    HTTP client, or by the upstream), and could climb out of the path an upstream's base
+    URL puts in front of it: it is refused rather than resolved, and a client sends the
+    path it means. (Percent-escaped dots are not segments here, and go as sent.)
+    """
+    path: bytes = scope.get("raw_path") or (scope.get("path") or "").encode("latin-1")
+    if not path.startswith(b"/"):
+        return (
+            f"the request target {path.decode('latin-1')[:100]!r} is not a path; the gateway "
+            "forwards requests for paths such as /v1/completions"
+        )
+    segments = path.split(b"/")
+    if b".." in segments or b"." in segments:
+        return (
+            f"the path {path.decode('latin-1')[:100]!r} has a '.' or '..' segment, which the "
+            "gateway does not forward; send the path it stands for"
+        )
+    return None
+
+
 def target_url(base: httpx.URL, scope: Scope) -> httpx.URL:
     """Where to send the request of ``scope`` on the upstream at ``base``.
 

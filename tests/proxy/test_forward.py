@@ -307,6 +307,46 @@ async def test_paths_keep_their_escapes_and_error_answers_pass_through(
     assert (response.status_code, response.content) == (404, direct.content)
 
 
+async def _raw_request(url: str, request_line: str, tag: dict[str, str]) -> bytes:
+    """The answer to ``request_line`` sent as written (httpx would resolve dot segments
+    itself before sending); the connection is closed after it."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        headers = "".join(f"{name}: {value}\r\n" for name, value in tag.items())
+        writer.write(f"{request_line}\r\nhost: x\r\n{headers}connection: close\r\n\r\n".encode())
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("request_line", "said"),
+    [
+        ("GET /../../admin HTTP/1.1", "has a '.' or '..' segment"),
+        ("GET /v1/a/../b HTTP/1.1", "has a '.' or '..' segment"),
+        ("GET /v1/./models HTTP/1.1", "has a '.' or '..' segment"),
+        ("OPTIONS * HTTP/1.1", "is not a path"),
+    ],
+)
+async def test_a_target_that_could_leave_the_upstreams_path_is_refused_400(
+    http: httpx.AsyncClient, upstream: Upstream, proxy: str, request_line: str, said: str
+) -> None:
+    """Dot segments would be resolved on the way and could climb out of the path an
+    upstream's base URL puts in front; the request is answered 400 and never forwarded."""
+    tag = new_id()
+    answer = await _raw_request(proxy, request_line, tag)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_path" and said in error["message"]
+    assert tag[TEST_ID] not in upstream.recorder.seen
+    # %2e%2e is no segment: it goes as sent, for the upstream to answer
+    escaped = await http.get(f"{proxy}/v1/%2e%2e/models", headers=tag)
+    assert upstream.recorder.seen[tag[TEST_ID]].raw_path == b"/v1/%2e%2e/models"
+    assert escaped.status_code == 404
+
+
 async def test_an_upstream_error_status_passes_through_unchanged(
     http: httpx.AsyncClient, upstream: Upstream, proxy: str
 ) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -41,6 +44,45 @@ async def test_no_response_headers_within_the_response_timeout_is_a_504(
     error = response.json()["error"]
     assert (error["code"], error["type"]) == ("upstream_timeout", "server_error")
     assert error["message"]
+
+
+@contextlib.asynccontextmanager
+async def not_reading_bodies() -> AsyncIterator[str]:
+    """The base URL of an upstream that reads a request's head, never its body, and never
+    answers; small receive buffers, so that a body of a few MiB fills them."""
+    connections: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        await reader.readuntil(b"\r\n\r\n")
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    listener.bind(("127.0.0.1", 0))
+    server = await asyncio.start_server(accept, sock=listener)
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        for writer in connections:
+            writer.close()
+        server.close()
+
+
+async def test_an_upstream_that_stops_taking_the_body_is_answered_504_in_time(
+    http: httpx.AsyncClient,
+) -> None:
+    """Writing into an upstream that reads nothing would wait for ever: the response
+    timeout bounds it too (here for a body the proxy already holds whole, 12 MiB)."""
+    async with not_reading_bodies() as url:
+        app = ProxyApp(response_timeout_s=TIMEOUT_S, retry_body_bytes=16 * 1024 * 1024)
+        async with serve_in_task(routed(app, FakeRoute(url))) as proxy:
+            response = await within(
+                http.post(f"{proxy.url}/v1/upload", content=b"x" * (12 * 1024 * 1024)),
+                "the proxy answering while its upstream reads nothing",
+            )
+
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "upstream_timeout"
 
 
 async def test_a_response_timeout_is_not_retried_on_the_next_upstream(
