@@ -326,6 +326,42 @@ async def test_failure_mode_while_redis_is_paused(
     assert (await pods.wait_empty(2)).empty
 
 
+@pytest.mark.parametrize(("mode", "admitted"), [("closed", 0), ("local", 2)])
+async def test_an_error_reply_from_redis_is_a_failure_not_a_hang(
+    own_pods: Pods, mode: str, admitted: int
+) -> None:
+    """A Redis at maxmemory answers every call with an OOM error: after the retry budget
+    the pod is in its failure mode, as when Redis is unreachable, instead of leaving the
+    requests waiting for an answer that never comes; once Redis takes writes again the
+    pod goes back and the pool drains to zero."""
+    pods = own_pods
+    gateways = [
+        await pods.start(global_max_in_flight=4, redis_failure_mode=mode, queue_timeout_s=0.5)
+        for _ in range(2)
+    ]
+    pod = gateways[0]
+    assert await eventually(lambda: _live_pods(pod, 2), TTL)
+    await pods.client.config_set("maxmemory", 1)
+    try:
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(
+                *(pod.scheduler.acquire(Ticket("t")) for _ in range(3)), return_exceptions=True
+            ),
+            5,
+        )
+        assert backend(pod).mode == mode
+    finally:
+        await pods.client.config_set("maxmemory", 0)
+    permits = [o for o in outcomes if not isinstance(o, BaseException)]
+    assert len(permits) == admitted, outcomes
+    if mode == "closed":
+        assert {o.reason for o in outcomes if isinstance(o, Rejected)} == {"unavailable"}
+    assert await eventually(lambda: _mode_is(pod, "redis"), 3 * TTL)
+    for permit in permits:
+        permit.release()
+    assert (await pods.wait_empty(2)).empty
+
+
 async def _live_pods(gateway: Gateway, n: int) -> bool:
     return backend(gateway).live_pods == n
 

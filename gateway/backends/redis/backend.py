@@ -59,6 +59,10 @@ log = logging.getLogger("obleth.cluster")
 
 #: What counts as "Redis cannot be reached" (as opposed to a bug, which propagates).
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+#: What makes a call fail and be tried again within the retry budget: no connection, or
+#: an error reply that another try may not get (OOM at maxmemory, READONLY from a replica
+#: during a failover, a script killed as BUSY). Past the budget, the failure mode applies.
+FAILED = (*UNREACHABLE, redis.exceptions.ResponseError)
 
 
 class RedisUnavailable(Exception):
@@ -401,26 +405,29 @@ class RedisBackend:
         self._apply(batch, ops, reply)
 
     async def _call(self, args: list[Any], *, retry: bool) -> StepReply:
-        """One call; on a connection error, retries with backoff within the budget."""
+        """One call; on a connection error or an error reply (``FAILED``), retries with
+        backoff within the budget, then raises ``RedisUnavailable``."""
         self.calls += 1
         try:
             return await self._script(args)
-        except UNREACHABLE as exc:
+        except FAILED as exc:
             if not retry:
-                raise RedisUnavailable(str(exc) or type(exc).__name__) from exc
-        args[RETRIED] = 1  # the call may have run: acquires check whether they did
+                raise RedisUnavailable(_failure(exc)) from exc
+        # the call may have run, or run in part before an error reply: acquires check
+        # whether they did
+        args[RETRIED] = 1
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_delay(self._budget_s),
                 wait=wait_random_exponential(multiplier=0.02, max=self._budget_s / 4),
-                retry=retry_if_exception_type(UNREACHABLE),
+                retry=retry_if_exception_type(FAILED),
                 reraise=True,
             ):
                 with attempt:
                     self.calls += 1
                     return await self._script(args)
-        except UNREACHABLE as exc:
-            raise RedisUnavailable(str(exc) or type(exc).__name__) from exc
+        except FAILED as exc:
+            raise RedisUnavailable(_failure(exc)) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _header(self) -> Header:
@@ -751,3 +758,10 @@ def _pod_config(settings: Settings) -> PodConfig:
         weights=[(escape_tenant(t), w) for t, w in sorted(settings.tenant_weights.items())],
         caps=[(escape_tenant(t), c) for t, c in sorted(per_tenant.items())],
     )
+
+
+def _failure(exc: BaseException) -> str:
+    """What went wrong with a call, for the log: Redis's own words for an error reply."""
+    if isinstance(exc, redis.exceptions.ResponseError):
+        return f"Redis answered with an error: {exc}"
+    return str(exc) or type(exc).__name__
