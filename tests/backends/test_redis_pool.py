@@ -362,6 +362,79 @@ async def test_an_error_reply_from_redis_is_a_failure_not_a_hang(
     assert (await pods.wait_empty(2)).empty
 
 
+async def test_a_grant_for_a_waiter_the_failure_mode_took_over_is_not_run(
+    own_pods: Pods, own_redis: RedisServer
+) -> None:
+    """Redis frozen while a waiter of pod A is queued in it: A's failure mode takes the
+    waiter over and tells Redis to cancel it. If Redis, back, grants that waiter before
+    the cancel arrives (another pod released a seat), the grant is not run: the cancel
+    gives that seat back, so a request run on it would hold a seat Redis counts as free.
+    Once A is back the waiter rejoins the shared queue and gets a seat the pool counts.
+    (Whether the grant's notification reaches A before A is back is a matter of timing; the
+    test publishes it once more through Redis, as the script does, to be sure it does.)"""
+    pods = own_pods
+    # A's heartbeats (and recovery attempts) come every 2 s, B's every 0.2 s: B is back and
+    # releases while A is still in its failure mode
+    a = await pods.start(global_max_in_flight=2, lease_ttl_s=6.0, queue_timeout_s=15)
+    b = await pods.start(global_max_in_flight=2, queue_timeout_s=0.5)
+    assert await eventually(lambda: _live_pods(a, 2), 6.0)
+    held_a = await a.scheduler.acquire(Ticket("t"))
+    held_b = await b.scheduler.acquire(Ticket("t"))
+    waiter = asyncio.create_task(a.scheduler.acquire(Ticket("t")))
+
+    async def queued_in_redis() -> bool:
+        return (await pods.audit()).waiters == 1
+
+    assert await eventually(queued_in_redis, 2)
+    own_redis.pause()
+    try:
+        # a call from A while Redis is frozen puts A in its failure mode after the budget
+        probe = asyncio.create_task(a.scheduler.acquire(Ticket("t")))
+        assert await eventually(lambda: _mode_is(a, "local"), 2)
+        assert await eventually(lambda: _mode_is(b, "local"), 2)  # B's heartbeat failed too
+    finally:
+        own_redis.resume()
+    assert await eventually(lambda: _mode_is(b, "redis"), 2)
+    channel = PoolKeys(pods.pool).channel(backend(a).pod)
+    heard = backend(a).notes_received["granted"]
+
+    async def a_listens() -> bool:
+        # a note for no waiter of A's (A gives such a "grant" back): heard once A's
+        # subscription works again, after the reconnect the freeze may have caused
+        await pods.client.publish(channel, "g:nobody")
+        return backend(a).notes_received["granted"] > heard
+
+    assert await eventually(a_listens, 3)
+    held_b.release()  # Redis hands this seat to A's waiter: its cancel is still on its way
+    waiter_id = next(iter(backend(a)._waiting))  # the waiter Redis queued, first of A's
+
+    async def granted_in_redis() -> bool:
+        leases = PoolKeys(pods.pool).key("leases")
+        return await pods.client.zscore(leases, waiter_id) is not None
+
+    assert await eventually(granted_in_redis, 2)
+    # the grant's notification, as the script publishes it (it may be on its way still,
+    # or lost with a connection; here it surely arrives while A is in its failure mode)
+    await pods.client.publish(channel, f"g:{waiter_id}")
+    await asyncio.sleep(0.2)
+    assert backend(a).mode == "local", "A recovered too early: the race was not exercised"
+    assert not waiter.done(), "a grant for a waiter the failure mode took over was run"
+    assert await eventually(lambda: _mode_is(a, "redis"), 6)
+    permit = await asyncio.wait_for(waiter, 3)
+    # the seat it runs on is a lease Redis holds, not one the cancel gave back
+    leases = PoolKeys(pods.pool).key("leases")
+    assert await pods.client.zscore(leases, str(permit.token)) is not None
+    assert (await pods.audit()).inflight == 2  # held_a and the waiter's seat, both counted
+    with pytest.raises(Rejected) as caught:
+        await b.scheduler.acquire(Ticket("t"))
+    assert caught.value.reason == "queue_timeout"
+    probe.cancel()
+    await asyncio.gather(probe, return_exceptions=True)
+    permit.release()
+    held_a.release()
+    assert (await pods.wait_empty(3)).empty
+
+
 async def _live_pods(gateway: Gateway, n: int) -> bool:
     return backend(gateway).live_pods == n
 

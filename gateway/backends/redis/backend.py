@@ -130,6 +130,8 @@ class RedisBackend:
         self._held: dict[str, Ticket] = {}
         self._waiting: dict[str, Pending] = {}
         self._confirmed: set[str] = set()  # waiters Redis said it queued
+        #: a waiter handed back to Redis after the failure mode under a new id: old → new
+        self._renamed: dict[str, str] = {}
 
         # the coalescing caller
         self._batch = Batch(config=self._config, heartbeat=True)
@@ -252,7 +254,7 @@ class RedisBackend:
             if future.exception() is None:
                 self.release(future.result())  # the grant came first: its seats go back
             return
-        waiter_id = pending.token
+        waiter_id = self._renamed.pop(str(pending.token), pending.token)
         assert isinstance(waiter_id, str)
         if self._waiting.pop(waiter_id, None) is None:
             return
@@ -543,6 +545,11 @@ class RedisBackend:
     def _on_note(self, note: Note) -> None:
         """A grant or a drop for one of this pod's waiters, however it reached us."""
         self.notes_received["granted" if note.reason is None else note.reason] += 1
+        if self._fallback is not None and self._fallback.waits(note.id):
+            # adopted by the failure mode, and its cancel is on its way to Redis, which
+            # then takes back whatever it granted: running the request on that lease
+            # would run it on a seat Redis counts as free
+            return
         pending = self._waiting.pop(note.id, None)
         self._confirmed.discard(note.id)
         if note.reason is not None:
@@ -663,9 +670,11 @@ class RedisBackend:
             self._requeue(batch, [])
             fallback.share = self._local_share()
             return
+        # the reply is applied while the failure mode still holds its waiters: a grant it
+        # carries for one of them is for a waiter this very call cancelled (see _on_note)
+        self._apply(batch, [], reply, recovering=True)
         self._fallback = None
         self.degraded_since = None
-        self._apply(batch, [], reply, recovering=True)
         moved = fallback.close()
         log.warning(
             "Redis reachable again for pool %r: %d lease(s) re-asserted, %d local waiter(s) "
@@ -676,8 +685,21 @@ class RedisBackend:
         )
         self._batch.checked = True
         for pending in moved:
-            self._send_acquire(pending, "queue", None)
+            self._send_acquire(self._renew(pending), "queue", None)
         self._kick()
+
+    def _renew(self, pending: Pending) -> Pending:
+        """``pending`` under a new waiter id, for the shared queue again: Redis was told
+        to cancel its old one, and a grant of the old id still on its way must find no
+        waiter (it is given back). The caller's ``pending`` keeps the old id, which
+        ``cancel`` maps to the new one until the request is settled."""
+        old = str(pending.token)
+        renewed = Pending(pending.ticket, pending.future, self._new_id())
+        self._waiting.pop(old, None)
+        self._waiting[str(renewed.token)] = renewed
+        self._renamed[old] = str(renewed.token)
+        pending.future.add_done_callback(lambda _: self._renamed.pop(old, None))
+        return renewed
 
     def _local_share(self) -> int:
         return self.limit // max(1, self._live_pods)

@@ -7,9 +7,9 @@
   same fair queue as the in-process backend. It is not a global guarantee: a pod that
   cannot see Redis cannot know what the others do.
 
-Every permit handed out here gets a lease id and joins the pod's held leases, so the
-first heartbeat after recovery writes them into Redis and the shared budget accounts for
-them; local waiters are handed back to the shared queue then (``close``).
+Every permit handed out here gets a lease id of its own and joins the pod's held leases,
+so the first heartbeat after recovery writes them into Redis and the shared budget
+accounts for them; local waiters are handed back to the shared queue then (``close``).
 """
 
 from __future__ import annotations
@@ -93,16 +93,20 @@ class Fallback:
             _fail(pending, self._reject("unavailable"))
             return False
         if self.mode == "open":
-            _grant_to(pending, self._grant(pending.ticket, lease=str(pending.token)))
+            _grant_to(pending, self._grant(pending.ticket))
             return False
         ticket = pending.ticket
         if self._queue.can_grant_now(ticket, self.share):
             self._queue.grant(ticket)
-            _grant_to(pending, self._grant(ticket, lease=str(pending.token), counted=True))
+            _grant_to(pending, self._grant(ticket, counted=True))
             return False
         waiter = self._queue.enqueue(ticket, asyncio.get_running_loop().time())
         self._file(waiter, pending)
         return True
+
+    def waits(self, waiter_id: str) -> bool:
+        """Whether ``waiter_id`` waits in the local queue."""
+        return waiter_id in self._waiters
 
     def release(self, lease: str) -> None:
         ticket = self._counted.pop(lease, None)
@@ -130,8 +134,10 @@ class Fallback:
 
     # -- bookkeeping ----------------------------------------------------------------------
 
-    def _grant(self, ticket: Ticket, *, lease: str | None = None, counted: bool = False) -> Permit:
-        lease = lease or self._new_id()
+    def _grant(self, ticket: Ticket, *, counted: bool = False) -> Permit:
+        # a lease id of its own, never an adopted waiter's: Redis is told to cancel that
+        # one, and must not take the lease away when it does
+        lease = self._new_id()
         self._held[lease] = ticket
         if counted:
             self._counted[lease] = ticket
@@ -165,7 +171,7 @@ class Fallback:
                     self._queue.release(waiter.ticket)  # nobody left to run it: next one
                     handed_back = True
                     continue
-                _grant_to(pending, self._grant(waiter.ticket, lease=waiter_id, counted=True))
+                _grant_to(pending, self._grant(waiter.ticket, counted=True))
 
     def _reject(self, reason: RejectReason) -> Rejected:
         return Rejected.because(reason, retry_after_s=self._settings.retry_after_s)
