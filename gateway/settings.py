@@ -306,6 +306,36 @@ def _check_seconds(settings: Settings, name: str, value: Any) -> float:
     return float(value)
 
 
+#: The shortest lease TTL: renewing more often than every 0.17 s costs Redis calls for
+#: nothing, and under load the renewals fall behind and seats are given away.
+MIN_LEASE_TTL_S = 0.5
+
+
+def _check_lease_ttl(settings: Settings, name: str, value: Any) -> float:
+    ttl = _check_seconds(settings, name, value)
+    if ttl < MIN_LEASE_TTL_S:
+        raise settings.error(
+            name, value, f"expected at least {MIN_LEASE_TTL_S} seconds (pods renew every third)"
+        )
+    return ttl
+
+
+def _check_retry_budget(settings: Settings, name: str, value: Any) -> float:
+    """The budget, checked against ``lease_ttl_s`` (checked before it): a pod that keeps
+    retrying a silent Redis for the budget must not have lost its leases meanwhile."""
+    budget = _check_seconds(settings, name, value)
+    ttl = settings.lease_ttl_s
+    if ttl < 1.5 * budget:
+        raise settings.error(
+            "lease_ttl_s",
+            ttl,
+            f"a pod retrying Redis for {settings.label(name)}={budget:g} s would lose its "
+            f"leases meanwhile; expected at least 1.5 x that ({1.5 * budget:g} s), or a "
+            "shorter budget",
+        )
+    return budget
+
+
 def _check_name(settings: Settings, name: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise settings.error(name, value, "expected a non-empty name")
@@ -613,9 +643,9 @@ _SPECS: dict[str, _Spec] = {
         _spec("redis_url", _env_optional_text, _check_redis_url),
         _spec("pool", _env_text, _check_pool),
         _spec("redis_failure_mode", _env_text, _check_failure_mode),
-        _spec("lease_ttl_s", _env_float, _check_seconds),
+        _spec("lease_ttl_s", _env_float, _check_lease_ttl),
         _spec("redis_pool_size", _env_int, _check_int(2)),
-        _spec("redis_retry_budget_s", _env_float, _check_seconds),
+        _spec("redis_retry_budget_s", _env_float, _check_retry_budget),
         _spec("learning_window_s", _env_optional_float, _check_optional_window),
         _spec("upstreams", _env_upstreams, _check_upstreams),
         _spec("routing_policy", _env_text, _check_routing_policy),

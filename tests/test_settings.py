@@ -107,6 +107,11 @@ def test_every_setting_has_an_environment_variable() -> None:
         ({"OBLETH_DEFAULT_TENANT_WEIGHT": "x"}, "OBLETH_DEFAULT_TENANT_WEIGHT='x'", "a weight"),
         ({"OBLETH_ROUTING_LOAD_BOUND": "x"}, "OBLETH_ROUTING_LOAD_BOUND='x'", "a number, e.g."),
         ({"OBLETH_EXEMPT_PATHS": "/a,/a/"}, "OBLETH_EXEMPT_PATHS=", "listed twice"),
+        (
+            {"OBLETH_LEASE_TTL_S": "1", "OBLETH_REDIS_RETRY_BUDGET_S": "1"},
+            "OBLETH_LEASE_TTL_S=1.0",
+            "OBLETH_REDIS_RETRY_BUDGET_S=1 s",
+        ),
     ],
 )
 def test_bad_environment_names_the_variable_value_and_fix(
@@ -147,6 +152,12 @@ def test_bad_environment_names_the_variable_value_and_fix(
         ({"tenant_weights": {"gold": 10**5000}}, "tenant_weights=", "gold: weight is too large"),
         ({"exempt_paths": ("/a", "/a/")}, "exempt_paths=", "listed twice"),
         ({"env_names": 5}, "env_names=5", "set by Settings.from_env"),
+        ({"lease_ttl_s": 0.01}, "lease_ttl_s=0.01", "at least 0.5 seconds"),
+        (
+            {"lease_ttl_s": 2, "redis_retry_budget_s": 5},
+            "lease_ttl_s=2.0",
+            "retrying Redis for redis_retry_budget_s=5 s would lose its leases",
+        ),
     ],
 )
 def test_bad_keywords_name_the_setting_value_and_fix(
