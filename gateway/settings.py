@@ -495,6 +495,11 @@ def _check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
     return value.strip()
 
 
+def shown_url(url: str) -> str:
+    """``url`` for a message or a log line: a password in it is replaced by ``***``."""
+    return _without_password(urllib.parse.urlsplit(url))
+
+
 def _without_password(url: urllib.parse.SplitResult) -> str:
     """The URL for an error message: a password in it is replaced by ``***``."""
     if url.password is None:

@@ -10,6 +10,7 @@ leaking a lease. After each, the pool's invariants are checked in Redis itself.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -328,7 +329,7 @@ async def test_failure_mode_while_redis_is_paused(
 
 @pytest.mark.parametrize(("mode", "admitted"), [("closed", 0), ("local", 2)])
 async def test_an_error_reply_from_redis_is_a_failure_not_a_hang(
-    own_pods: Pods, mode: str, admitted: int
+    own_pods: Pods, mode: str, admitted: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A Redis at maxmemory answers every call with an OOM error: after the retry budget
     the pod is in its failure mode, as when Redis is unreachable, instead of leaving the
@@ -342,6 +343,7 @@ async def test_an_error_reply_from_redis_is_a_failure_not_a_hang(
     pod = gateways[0]
     assert await eventually(lambda: _live_pods(pod, 2), TTL)
     await pods.client.config_set("maxmemory", 1)
+    caplog.set_level(logging.ERROR, logger="obleth.cluster")
     try:
         outcomes = await asyncio.wait_for(
             asyncio.gather(
@@ -356,6 +358,9 @@ async def test_an_error_reply_from_redis_is_a_failure_not_a_hang(
     assert len(permits) == admitted, outcomes
     if mode == "closed":
         assert {o.reason for o in outcomes if isinstance(o, Rejected)} == {"unavailable"}
+    # the operator reads which Redis, and what it answered
+    said = [r.getMessage() for r in caplog.records if r.name == "obleth.cluster"]
+    assert any(f"redis_url={pods.url}" in line and "OOM" in line for line in said), said
     assert await eventually(lambda: _mode_is(pod, "redis"), 3 * TTL)
     for permit in permits:
         permit.release()

@@ -53,7 +53,7 @@ from gateway.core.admission import OverflowAction
 from gateway.core.tickets import NO_WAIT_RANK, Ticket
 from gateway.errors import Rejected, RejectReason
 from gateway.protocols import OverflowPolicy, Pending, Permit, Snapshot, TenantState
-from gateway.settings import Settings
+from gateway.settings import Settings, shown_url
 
 log = logging.getLogger("obleth.cluster")
 
@@ -625,8 +625,10 @@ class RedisBackend:
         )
         self.degraded_since = asyncio.get_running_loop().time()
         log.error(
-            "Redis unreachable for pool %r (%s) after %.1fs of retries; failure mode %r: %s",
+            "Redis unreachable for pool %r at redis_url=%s (%s) after %.1fs of retries; "
+            "failure mode %r: %s",
             self._settings.pool,
+            shown_url(self._settings.redis_url or ""),
             exc,
             self._budget_s,
             mode,
