@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
-from urllib.parse import quote
+from urllib.parse import quote, unquote_to_bytes
 
 import httpx
 
@@ -101,10 +101,10 @@ def unforwardable_path(scope: Scope) -> str | None:
     """Why the request target of ``scope`` cannot be forwarded, or None when it can.
 
     A target that is no path (``OPTIONS *``, an authority) names no resource of an
-    upstream. A path with a ``.`` or ``..`` segment would be resolved on the way (by the
-    HTTP client, or by the upstream), and could climb out of the path an upstream's base
-    URL puts in front of it: it is refused rather than resolved, and a client sends the
-    path it means. (Percent-escaped dots are not segments here, and go as sent.)
+    upstream. A path with a ``.`` or ``..`` segment, written out or percent-escaped
+    (``%2e%2e``), would be resolved on the way (by the HTTP client, or by an upstream that
+    decodes first) and could climb out of the path an upstream's base URL puts in front of
+    it: it is refused rather than resolved, and a client sends the path it means.
     """
     path: bytes = scope.get("raw_path") or (scope.get("path") or "").encode("latin-1")
     if not path.startswith(b"/"):
@@ -112,7 +112,7 @@ def unforwardable_path(scope: Scope) -> str | None:
             f"the request target {path.decode('latin-1')[:100]!r} is not a path; the gateway "
             "forwards requests for paths such as /v1/completions"
         )
-    segments = path.split(b"/")
+    segments = {unquote_to_bytes(segment) for segment in path.split(b"/")}
     if b".." in segments or b"." in segments:
         return (
             f"the path {path.decode('latin-1')[:100]!r} has a '.' or '..' segment, which the "
