@@ -33,10 +33,11 @@ class PrefixAffinity:
         total = len(blocks)
         matched = self.index.matched(blocks)
         fleet = request.fleet
-        home = fleet.placements.get(blocks[0])
+        home = fleet.placements.placed_by_another(blocks[0])
         if home is not None and home not in matched and home in upstreams:
             # another pod placed this prefix first, while this one sent it elsewhere: from
-            # now on it goes where the others send it
+            # now on it goes where the others send it (a placement of this pod's own is no
+            # reason to leave the upstream that holds the prefix now)
             self.index.drop(blocks[0])
             return {home: 1.0}
         scores = {u: matched[u] / total for u in upstreams if u in matched}

@@ -35,6 +35,8 @@ class Placed(NamedTuple):
     blocks: int
     confirmed: bool
     """True once the cluster's shared record holds it (always, in one process)."""
+    mine: bool = True
+    """False for a placement another pod made, learnt from the shared record."""
 
 
 class PlacementLog:
@@ -42,7 +44,8 @@ class PlacementLog:
 
     What callers may rely on:
 
-    - ``get(key)`` is the upstream the prefix with first-block hash ``key`` was placed on.
+    - ``get(key)`` is the upstream the prefix with first-block hash ``key`` was placed on;
+      ``placed_by_another(key)`` the same when another pod placed it.
     - ``record`` keeps the first placement of a key; later ones are ignored.
     - ``learn`` applies the shared record, in its order: the first entry for a key wins
       over this pod's own unconfirmed placement of it and over every later entry.
@@ -73,6 +76,11 @@ class PlacementLog:
         placed = self._where.get(key)
         return None if placed is None else placed.upstream
 
+    def placed_by_another(self, key: int) -> str | None:
+        """Where another pod placed ``key``; None when no pod did, or this one did."""
+        placed = self._where.get(key)
+        return None if placed is None or placed.mine else placed.upstream
+
     def blocks(self, upstream: str) -> int:
         return self._blocks.get(upstream, 0)
 
@@ -91,7 +99,8 @@ class PlacementLog:
             if known.confirmed:
                 return
             self._drop(key)
-        self._put(key, Placed(upstream, blocks, True))
+        mine = known is not None and known.upstream == upstream
+        self._put(key, Placed(upstream, blocks, True, mine))
 
     def unshared(self, limit: int) -> list[tuple[int, str, int]]:
         """Up to ``limit`` own placements not yet in the shared record, oldest first;

@@ -7,9 +7,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 
 def normalized(weights: Mapping[str, float]) -> dict[str, float]:
-    """``weights`` scaled to sum to 1, order kept."""
-    total = sum(weights.values())
-    return {name: weight / total for name, weight in weights.items()}
+    """``weights`` scaled to sum to 1, order kept; scaled by the largest first, so that
+    weights near the largest float do not add up to infinity."""
+    largest = max(weights.values(), default=1.0)
+    scaled = {name: weight / largest for name, weight in weights.items()}
+    total = sum(scaled.values())
+    return {name: weight / total for name, weight in scaled.items()}
 
 
 def clamp(score: float) -> float:

@@ -7,6 +7,7 @@ gateway a new engine or a renamed metric is an edit to ``ENGINES`` and nothing e
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -99,8 +100,15 @@ def _first(found: dict[str, list[float]], names: Sequence[str]) -> list[float]:
 
 
 def _count(values: list[float]) -> float | None:
-    finite = [value for value in values if math.isfinite(value)]
-    return max(0.0, math.fsum(finite)) if finite else None
+    """The sum of a count's samples, each negative one read as 0 (a count never is); a
+    sum too large for a float is the largest float, so that scorers still compare it."""
+    finite = [max(0.0, value) for value in values if math.isfinite(value)]
+    if not finite:
+        return None
+    try:
+        return math.fsum(finite)
+    except OverflowError:
+        return sys.float_info.max
 
 
 def _fraction(values: list[float]) -> float | None:

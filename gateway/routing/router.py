@@ -43,6 +43,9 @@ last two scrapes. One request waiting, or one scrape, is often just a request th
 arrived between two engine steps; passing a cached prefix over for that costs a whole
 prefill elsewhere."""
 
+#: How many sets of candidates round-robin keeps a turn for (one per model, in practice).
+_TURNS_KEPT = 1024
+
 Scores = dict[str, dict[str, float]]
 """Per scorer (and ``total``), the score of each candidate upstream."""
 
@@ -163,7 +166,7 @@ class Router:
         self._load_slack = load_slack
         self._rng = random.Random(seed)  # noqa: S311 -- tie-breaking, not secrecy
         self._complain = complain
-        self._turn = 0
+        self._turns: dict[tuple[str, ...], int] = {}
         self._serving: dict[str | None, list[str]] = {}
         self._urls = list(self.upstreams)
 
@@ -256,8 +259,15 @@ class Router:
         return best(totals, count, rng), scores, rank
 
     def _round_robin(self, healthy: list[str]) -> tuple[list[str], Scores]:
-        turn = self._turn % len(healthy)
-        self._turn += 1
+        # a turn per set of candidates: with one counter for all, requests for two models
+        # served by different upstreams in alternation would each keep landing on one
+        candidates = tuple(healthy)
+        turns = self._turns
+        if candidates not in turns and len(turns) >= _TURNS_KEPT:
+            turns.clear()
+        turn = turns.get(candidates, 0)
+        turns[candidates] = turn + 1
+        turn %= len(healthy)
         ranking = healthy[turn:] + healthy[:turn]
         return ranking, {"round-robin": {u: 1.0 if u == ranking[0] else 0.0 for u in healthy}}
 

@@ -22,6 +22,8 @@ from gateway.core.scoring import clamp, normalized, ranked, weighted_totals
         ({"queue-depth": 3}, {"queue-depth": 1.0}),
         ({"a": 1, "b": 1, "c": 2}, {"a": 0.25, "b": 0.25, "c": 0.5}),
         ({"a": 0.1, "b": 0.3}, {"a": 0.25, "b": 0.75}),
+        # weights whose sum overflows a float (valid each on its own)
+        ({"a": 1e308, "b": 1e308}, {"a": 0.5, "b": 0.5}),
     ],
 )
 def test_weights_are_normalized_to_sum_one(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from gateway.routing.metricnames import METRIC_NAMES, reading_from_text
@@ -81,6 +83,23 @@ CASES = [
     ),
     ("infinite-count-ignored", "vllm:num_requests_waiting +Inf", "vllm", None, None, None),
     ("negative-count-is-zero", "sglang:num_queue_reqs -3", "sglang", None, 0.0, None),
+    (
+        "a-negative-sample-cancels-nothing",
+        'vllm:num_requests_waiting{a="1"} 6\nvllm:num_requests_waiting{a="2"} -2',
+        "vllm",
+        None,
+        6.0,
+        None,
+    ),
+    (
+        "a-sum-too-large-for-a-float-is-the-largest",
+        'vllm:num_requests_waiting{model_name="a"} 1e308\n'
+        'vllm:num_requests_waiting{model_name="b"} 1e308',
+        "vllm",
+        None,
+        sys.float_info.max,
+        None,
+    ),
     ("unknown-names", "process_cpu_seconds_total 12\nup 1\n", None, None, None, None),
     ("only-nan", "vllm:num_requests_running NaN", None, None, None, None),
     ("empty", "", None, None, None, None),

@@ -256,6 +256,20 @@ def test_round_robin_cycles_over_healthy_upstreams_in_order() -> None:
     assert chosen == [A, C, D, A, C, D, A]
 
 
+def test_round_robin_walks_each_models_upstreams_when_requests_for_models_interleave() -> None:
+    """Requests for two models in alternation: each model's requests take turns over the
+    upstreams that serve it (with one turn for all, every qwen request landed on one)."""
+    gw = gateway([f"{A}=llama|qwen", f"{B}=llama|qwen", f"{C}=llama"], routing_policy="round-robin")
+    all_scraped(gw, [A, B, C])
+    chosen: dict[str, list[str]] = {"llama": [], "qwen": []}
+    for _ in range(6):
+        for model in ("llama", "qwen"):
+            decision = route(gw, model=model)
+            chosen[model].append(decision.upstream)
+            decision.finish()
+    assert chosen == {"llama": [A, B, C, A, B, C], "qwen": [A, B, A, B, A, B]}
+
+
 def test_least_loaded_picks_the_fewest_waiting_running_and_ours() -> None:
     """``least-loaded``: minimum of waiting + running + our in flight, stale readings last,
     ties to the fewest of ours; our new request counts at once."""

@@ -311,6 +311,23 @@ def test_a_prefix_whose_holders_are_not_candidates_counts_as_unseen() -> None:
     assert on.rendezvous(blocks[0], rest) in rest
 
 
+def test_a_pods_own_first_placement_does_not_pull_a_prefix_back_from_where_it_is_held() -> None:
+    """A prefix this pod placed on A, later sent to B while A was passed over, stays with
+    B once A's memory of it is gone: only another pod's placement overrides what this pod
+    holds (that is how pods agree)."""
+    affinity = scorer("prefix-affinity", prefix_index_blocks=4)
+    on = fleet()
+    blocks = prompt(*SYSTEM, "question")
+    home = on.rendezvous(blocks[0], URLS)
+    affinity.dispatched(request(on, blocks), home)  # placed there first, by this pod
+    other = next(u for u in URLS if u != home)
+    affinity.dispatched(request(on, blocks), other)  # the home was not a candidate
+    # the home's memory fills up with other prompts, and forgets this one
+    for i in range(4):
+        affinity.dispatched(request(on, prompt(f"unrelated {i}", "text")), home)
+    assert affinity.score(request(on, blocks), URLS) == {other: 1.0}
+
+
 def test_prefix_affinity_memory_is_bounded_by_prefix_index_blocks() -> None:
     """``prefix_index_blocks`` bounds what is remembered per upstream: the tail goes first."""
     affinity = scorer("prefix-affinity", prefix_index_blocks=2)
