@@ -103,7 +103,8 @@ class Gateway:
         #: whether ``start()`` has run (and ``stop()`` not since); read on every request,
         #: so a plain attribute: set it only through ``start`` and ``stop``
         self.started = False
-        self._start_lock: asyncio.Lock | None = None
+        #: the start under way, which callers arriving meanwhile wait for
+        self._attempt: asyncio.Task[None] | None = None
 
     def _check_scorer_names(self) -> None:
         """A typo in ``routing_scorers`` stops startup even while routing is off."""
@@ -153,25 +154,34 @@ class Gateway:
         When a part fails to start, the parts already started are stopped again and the
         error is raised (a ``PluginError`` naming a provider that failed): the gateway
         stays closed, with nothing left running, and the next ``start()`` tries afresh.
+        Callers that come while a start is under way wait for it and share its outcome:
+        a failing start is tried once for all the requests that found the gateway
+        closed at the same time, not once each, one after the other.
         """
         if self.started:
             return
-        if self._start_lock is None:
-            self._start_lock = asyncio.Lock()
-        async with self._start_lock:
-            if self.started:
-                return
-            try:
-                await self._start_parts()
-            except BaseException:
-                await self._stop_parts()
-                raise
+        attempt = self._attempt
+        if attempt is None:
+            attempt = asyncio.get_running_loop().create_task(self._start_once())
+            attempt.add_done_callback(_retrieved)
+            self._attempt = attempt
+        await asyncio.shield(attempt)
+
+    async def _start_once(self) -> None:
+        try:
+            await self._start_parts()
+        except BaseException:
+            await self._stop_parts()
+            raise
+        else:
             self.started = True
+        finally:
+            self._attempt = None
 
     async def _start_parts(self) -> None:
+        """Start every part, the counter backend last: it opens the free seats, and no
+        request may take one before the rest has started (or while it fails to)."""
         running = self._running
-        await self.backend.start()
-        running.append(("the counter backend", self.backend.stop))
         if self.router is not None:
             # httpx loads only when there are upstreams to poll
             from gateway.routing.poller import Poller
@@ -191,17 +201,24 @@ class Gateway:
             if start is not None:
                 try:
                     await start()
-                except Exception as exc:
+                except (Exception, asyncio.CancelledError) as exc:
+                    if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
+                        raise  # the start itself was cancelled, not failed
+                    # a CancelledError of the provider's own making is a failure like any
+                    # other: let through, it would not fail the server's startup
                     plugin = self.plugins.plugin_of("capacity provider", name)
+                    why = str(exc) or type(exc).__name__
                     raise PluginError(
                         plugin,
-                        f"capacity provider {name!r} failed to start: {exc}",
+                        f"capacity provider {name!r} failed to start: {why}",
                         distribution=self.plugins.distribution_of(plugin),
                     ) from exc
             stop = getattr(provider, "stop", None)
             if stop is not None:
                 label = self.plugins.origin_text("capacity provider", name)
                 running.append((f"capacity provider {name!r}{label}", stop))
+        await self.backend.start()
+        running.append(("the counter backend", self.backend.stop))
 
     async def stop(self) -> None:
         """Stop providers, routing and the backend; waiters still queued are answered 503
@@ -246,3 +263,15 @@ def _backend_for(settings: Settings, capacity: Capacity, policy: OverflowPolicy)
     from gateway.backends.redis import RedisBackend  # redis-py loads only in cluster mode
 
     return RedisBackend(settings, limit=capacity.current, policy=policy)
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task has been asked to stop (``Task.cancel``)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _retrieved(attempt: asyncio.Task[None]) -> None:
+    """Marks a start attempt's error as seen: its callers may all have gone (cancelled)."""
+    if not attempt.cancelled():
+        attempt.exception()

@@ -115,7 +115,8 @@ def obleth_request_finished(request: RequestInfo, duration_s: float, outcome: st
     """Observe the end of an admitted request, after its seats were given back.
 
     ``outcome`` is ``completed``, ``error`` (the app raised) or ``cancelled`` (the client
-    went away or the task was cancelled). ``duration_s`` runs from admission to release.
+    went away before the response's last chunk, or the task was cancelled). ``duration_s``
+    runs from admission to release.
     Called on the request path; no I/O.
     """
 

@@ -162,17 +162,19 @@ class Plugins:
             return
         existing = self._pm.get_plugin(name)
         if existing is not None:
+            holder = self.distribution_of(name) or "the application's code"
             raise PluginError(
                 name,
-                f"the name is taken by another plugin from {self.distribution_of(name)}; "
-                "rename one entry point or disable one with OBLETH_DISABLE_PLUGINS",
-                distribution=origin[0],
+                f"the name is taken by another plugin, from {holder}; OBLETH_DISABLE_PLUGINS="
+                f"{name} would disable both: uninstall one of the two, or rename one (its "
+                "entry point, or the __name__ of a plugin passed in code)",
+                distribution=_dist_label(origin) or None,
             )
         try:
             self._pm.register(plugin, name=name)
         except (ValueError, pluggy.PluginValidationError) as exc:
             raise PluginError(
-                name, f"could not be registered: {exc}", distribution=origin[0]
+                name, f"could not be registered: {exc}", distribution=_dist_label(origin) or None
             ) from exc
         self._origin[name] = origin
 
@@ -524,7 +526,7 @@ class _ShieldedPolicy:
         except Exception:
             self._complain(self._plugin, "its overflow policy's decide()")
             return "queue"
-        if action not in _ACTIONS:
+        if not isinstance(action, str) or action not in _ACTIONS:  # a list is no action
             expected = ", ".join(sorted(_ACTIONS))
             self._complain(
                 self._plugin,

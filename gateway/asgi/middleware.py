@@ -314,7 +314,10 @@ class GatewayMiddleware:
         try:
             _state(scope)["obleth"] = record
             await self.app(scope, body.replay, send)
-            outcome = "cancelled" if body.disconnected else "completed"
+            # the seats came back at the response's last chunk: the response is complete,
+            # whatever the app read afterwards (a server answers receive() with a
+            # disconnect once the response is done, and streaming responses listen)
+            outcome = "cancelled" if body.disconnected and not permit.released else "completed"
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -13,7 +14,8 @@ import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
-from starlette.responses import PlainTextResponse
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
 from gateway import Classification, GatewayMiddleware, Settings, Ticket, hookimpl
@@ -217,6 +219,44 @@ def test_a_client_expecting_100_continue_is_not_asked_for_its_body_while_it_wait
         assert b"100 Continue" not in refused and b" 503 " in refused.split(b"\r\n")[0]
         assert asked.startswith(b"HTTP/1.1 100 Continue")
         assert served.startswith(b"HTTP/1.1 200") and app.bodies == [b"hello"]
+
+    run(scenario)
+
+
+def test_observers_hear_a_streamed_response_read_to_its_end_completed() -> None:
+    """On a real server, a streaming response listens for the client going away and is
+    told so once the response is complete: that does not make a finished request
+    ``cancelled``; a client that leaves mid-stream does."""
+    outcomes: list[str] = []
+    gone = asyncio.Event()
+
+    class Outcomes:
+        @hookimpl
+        def obleth_request_finished(self, outcome: str) -> None:
+            outcomes.append(outcome)
+            if len(outcomes) == 2:
+                gone.set()
+
+    async def tokens(count: int) -> AsyncIterator[bytes]:
+        for i in range(count):
+            await asyncio.sleep(0.01)
+            yield f"data: {i}\n\n".encode()
+
+    async def stream(request: Request) -> StreamingResponse:
+        count = int(request.query_params["n"])
+        return StreamingResponse(tokens(count), media_type="text/event-stream")
+
+    async def scenario() -> None:
+        app = Starlette(routes=[Route("/v1/stream", stream)])
+        gw = GatewayMiddleware(app, Settings(), plugins=[Outcomes()])
+        async with serve_in_task(gw) as server, httpx.AsyncClient(trust_env=False) as http:
+            whole = await http.get(f"{server.url}/v1/stream?n=5")
+            assert whole.text.count("data:") == 5
+            async with http.stream("GET", f"{server.url}/v1/stream?n=1000") as partial:
+                async for _ in partial.aiter_bytes():
+                    break  # the client leaves after the first chunk
+            await asyncio.wait_for(gone.wait(), 5)
+        assert outcomes == ["completed", "cancelled"]
 
     run(scenario)
 
@@ -527,8 +567,9 @@ class FailingStart:
     """A plugin whose capacity provider ``down`` fails to start; ``stops`` counts the
     stops of the provider that started before it (``up``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, error: BaseException | None = None) -> None:
         self.stops = 0
+        self.error = error or ConnectionError("control plane unreachable")
 
     @hookimpl
     def obleth_capacity_providers(self) -> dict[str, object]:
@@ -546,18 +587,31 @@ class FailingStart:
 
         class Down(Up):
             async def start(self) -> None:
-                raise ConnectionError("control plane unreachable")
+                raise plugin.error
 
         return {"up": lambda settings: Up(), "down": lambda settings: Down()}
 
 
-def failing_to_start(app: Any) -> tuple[GatewayMiddleware, FailingStart]:
-    plugin = FailingStart()
+def failing_to_start(
+    app: Any, error: BaseException | None = None
+) -> tuple[GatewayMiddleware, FailingStart]:
+    plugin = FailingStart(error)
     settings = Settings(capacity_providers=["up", "down"], global_max_in_flight=1)
     return GatewayMiddleware(app, settings, plugins=[plugin]), plugin
 
 
-def test_a_gateway_that_cannot_start_fails_the_servers_startup_and_leaves_nothing_open() -> None:
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (ConnectionError("control plane unreachable"), "control plane unreachable"),
+        # raised by the provider, not a cancellation of the start: a failure like any other
+        (asyncio.CancelledError(), "CancelledError"),
+    ],
+    ids=["error", "its-own-cancelled-error"],
+)
+def test_a_gateway_that_cannot_start_fails_the_servers_startup_and_leaves_nothing_open(
+    error: BaseException, said: str
+) -> None:
     """The server is told ``lifespan.startup.failed`` with the plugin named; the app's own
     startup never runs; what had started is stopped again, and no seat is free."""
     events: list[str] = []
@@ -566,7 +620,7 @@ def test_a_gateway_that_cannot_start_fails_the_servers_startup_and_leaves_nothin
         events.append((await receive())["type"])
 
     async def scenario() -> None:
-        gw, plugin = failing_to_start(app)
+        gw, plugin = failing_to_start(app, error)
         outbox: list[Message] = []
 
         async def receive() -> Message:
@@ -579,13 +633,55 @@ def test_a_gateway_that_cannot_start_fails_the_servers_startup_and_leaves_nothin
         [failed] = outbox
         assert failed["type"] == "lifespan.startup.failed"
         assert failed["message"] == (
-            "plugin 'FailingStart-0': capacity provider 'down' failed to start: "
-            "control plane unreachable"
+            f"plugin 'FailingStart-0': capacity provider 'down' failed to start: {said}"
         )
         assert events == []
         assert not gw.gateway.started and plugin.stops == 1
         seats = gw.gateway.scheduler.free_seats
         assert seats is not None and not seats.take(Ticket("a"))
+
+    run(scenario)
+
+
+def test_requests_that_find_the_gateway_closed_together_share_one_failed_start() -> None:
+    """Served without lifespan, twelve requests arrive before the gateway has started (the
+    first starts it, the others come while that start runs), and a provider's start()
+    fails after 0.2 s: it is tried once for all of them, none of them gets a seat while
+    it runs, and each is answered 503 when it fails (not one attempt after another, the
+    last answered seconds later); the next request tries again."""
+    starts: list[float] = []
+
+    class SlowToFail:
+        def max_in_flight(self) -> int:
+            return 8
+
+        async def start(self) -> None:
+            starts.append(time.monotonic())
+            await asyncio.sleep(0.2)
+            raise ConnectionError("control plane unreachable")
+
+    class Plugin:
+        @hookimpl
+        def obleth_capacity_providers(self) -> dict[str, object]:
+            return {"slow": lambda settings: SlowToFail()}
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("the app must not run")
+
+    async def scenario() -> None:
+        gw = GatewayMiddleware(
+            app, Settings(capacity_providers=["static", "slow"]), plugins=[Plugin()]
+        )
+        clients = [Client() for _ in range(12)]
+        first = asyncio.create_task(gw(http_scope(), clients[0].receive, clients[0].send))
+        await asyncio.sleep(0.05)  # the start is under way
+        await asyncio.gather(first, *(gw(http_scope(), c.receive, c.send) for c in clients[1:]))
+        assert len(starts) == 1
+        assert {c.status for c in clients} == {503}
+        assert {c.json()["error"]["code"] for c in clients} == {"gateway_not_started"}
+        again = Client()
+        await gw(http_scope(), again.receive, again.send)
+        assert len(starts) == 2 and again.status == 503
 
     run(scenario)
 

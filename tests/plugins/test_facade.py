@@ -421,6 +421,18 @@ def test_problems_of_several_plugins_are_reported_together() -> None:
     assert "(did you mean 'obleth_request_admitted'?)" in lines[2]
 
 
+def test_two_plugins_of_one_name_in_code_are_told_apart_from_installed_ones() -> None:
+    """Two plugin objects with one ``__name__``: the error says the first came from the
+    application's code (there is no distribution to name) and how to tell them apart."""
+    with pytest.raises(PluginError) as caught:
+        facade(offering("twin", {"fixed": Fixed}), offering("twin", {"other": Fixed}))
+
+    message = str(caught.value)
+    assert message.startswith("plugin 'twin': the name is taken by another plugin, from the ")
+    assert "application's code" in message and "rename one" in message
+    assert caught.value.distribution is None
+
+
 def test_problems_with_offers_and_names_are_reported_together() -> None:
     """A name taken twice, a collector that raises, a badly named offer and a plugin whose
     own name is taken are all found before startup stops, each on its own line, next to
@@ -449,7 +461,8 @@ def test_problems_with_offers_and_names_are_reported_together() -> None:
     assert "'first'" in twice and "'second'" in twice and "'other'" not in str(error)
     by_plugin = {problem.plugin: str(problem) for problem in error.problems}
     assert {"capacity-static", "moody", "shouty", "typo"} < set(by_plugin)
-    assert "the name is taken by another plugin" in by_plugin["capacity-static"]
+    assert "the name is taken by another plugin, from obleth " in by_plugin["capacity-static"]
+    assert "OBLETH_DISABLE_PLUGINS=capacity-static would disable both" in str(error)
     assert "raised RuntimeError: no policies today" in by_plugin["moody"]
     assert "'Shouty_Scorer'; names are lower-case kebab-case" in by_plugin["shouty"]
     assert "did you mean 'obleth_request_admitted'?" in by_plugin["typo"]
@@ -656,7 +669,9 @@ class Faulty:
     [
         (Faulty(), "raised"),
         (Faulty("maybe"), "answered 'maybe', not one of evict, queue, reject"),
+        (Faulty(["queue"]), "answered ['queue'], not one of evict, queue, reject"),
     ],
+    ids=["raises", "unknown-action", "unhashable-answer"],
 )
 def test_faulty_overflow_policy_is_named_and_the_request_waits_as_under_block(
     policy: Faulty, complaint: str, caplog: pytest.LogCaptureFixture
