@@ -112,6 +112,8 @@ def unforwardable_path(scope: Scope) -> str | None:
             f"the request target {path.decode('latin-1')[:100]!r} is not a path; the gateway "
             "forwards requests for paths such as /v1/completions"
         )
+    if b"." not in path and b"%" not in path:
+        return None  # most paths: no dot, written or escaped, to look at
     segments = {unquote_to_bytes(segment) for segment in path.split(b"/")}
     if b".." in segments or b"." in segments:
         return (
