@@ -559,6 +559,11 @@ class TcpProxy:
         """Drop the black-holed connections; new connections are forwarded again."""
         self._call(self._set_partitioned(False))
 
+    def retarget(self, server: RedisServer) -> None:
+        """Forward to ``server`` from now on, and drop every open connection: what clients
+        of a Sentinel-managed address see when a failover promotes a replica."""
+        self._call(self._set_target((HOST, server.port)))
+
     def close(self) -> None:
         """Stop listening, close every connection and stop the thread; idempotent."""
         if self._closed:
@@ -590,6 +595,10 @@ class TcpProxy:
 
     async def _set_partitioned(self, partitioned: bool) -> None:
         self._partitioned = partitioned
+        await self._drop_links()
+
+    async def _set_target(self, target: tuple[str, int]) -> None:
+        self._target = target
         await self._drop_links()
 
     async def _drop_links(self) -> None:

@@ -27,7 +27,7 @@ from gateway.backends.redis.connect import connect
 from gateway.backends.redis.keys import PoolKeys
 from gateway.backends.redis.telemetry import observe
 from gateway.core.tickets import Ticket
-from tests.redis_procs import RedisClusterProcs, RedisServer
+from tests.redis_procs import RedisClusterProcs, RedisServer, TcpProxy
 
 pytestmark = pytest.mark.anyio
 
@@ -508,30 +508,205 @@ def _gauges(reader: InMemoryMetricReader) -> dict[str, float]:
     return found
 
 
-async def test_a_pool_that_goes_back_in_time_starts_a_learning_window(
+async def test_a_pool_that_goes_back_in_time_holds_grants_until_every_pod_reasserted(
     pods: Pods, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A failover to a replica that missed writes shows as a sequence number lower than
-    one a pod already saw: the pod starts a learning window, nothing is granted during it,
-    and what it holds is written back."""
-    gateway = await pods.start(global_max_in_flight=2, learning_window_s=TTL)
-    held = await gateway.scheduler.acquire(Ticket("t"))
-    for _ in range(5):
-        (await gateway.scheduler.acquire(Ticket("t"))).release()
-    await backend(gateway).settled()
-    await pods.client.hset(PoolKeys(pods.pool).key("state"), "seq", 1)
-    # the call that reveals it was answered from the old state; the next ones learn
-    (await gateway.scheduler.acquire(Ticket("t"))).release()
-    assert await eventually(lambda: _learning(gateway), TTL)
-    late = asyncio.create_task(gateway.scheduler.acquire(Ticket("u")))
-    assert "went back in time" in caplog.text
-    await asyncio.sleep(TTL / 2)
+    """A failover to a replica that missed writes shows as a pool behind what a pod saw:
+    the very call that reveals it opens a roll call, so the seat the lost write granted is
+    written back before anything new is granted (limit 2, both seats held: the newcomer
+    waits)."""
+    a = await pods.start(global_max_in_flight=2, learning_window_s=5)
+    b = await pods.start(global_max_in_flight=2, learning_window_s=5)
+    held_a = await a.scheduler.acquire(Ticket("t"))
+    await backend(a).settled()
+    replica = await _dump(pods)  # what a replica has when the next write is lost
+    held_b = await b.scheduler.acquire(Ticket("u"))
+    await backend(b).settled()
+    await _restore(pods, replica)
+    late = asyncio.create_task(b.scheduler.acquire(Ticket("v")))
+    await asyncio.sleep(0.3)
     assert not late.done()
-    (await asyncio.wait_for(late, 3 * TTL)).release()
-    held.release()
+    assert "went back in time" in caplog.text
+    result = await pods.audit()
+    assert result.inflight == 2 and result.leases == 2  # the lost grant is counted again
+    held_b.release()
+    (await asyncio.wait_for(late, 2)).release()
+    held_a.release()
     assert (await pods.wait_empty(2)).empty
 
 
-async def _learning(gateway: Gateway) -> bool:
+async def _dump(pods: Pods) -> dict[str, bytes]:
+    raw = connect(pods.url, pool_size=1, timeout_s=5)
+    raw.connection_pool.connection_kwargs["decode_responses"] = False  # DUMP is binary
+    try:
+        names = await raw.keys(PoolKeys(pods.pool).prefix + "*")
+        return {name: await raw.dump(name) for name in names}
+    finally:
+        await raw.aclose()
+
+
+async def _restore(pods: Pods, dumped: dict[str, bytes]) -> None:
+    """Put the pool back as ``_dump`` read it, in one transaction (pods keep calling)."""
+    raw = connect(pods.url, pool_size=1, timeout_s=5)
+    raw.connection_pool.connection_kwargs["decode_responses"] = False
+    try:
+        names = await raw.keys(PoolKeys(pods.pool).prefix + "*")
+        async with raw.pipeline(transaction=True) as swap:
+            for name in names:
+                if name not in dumped:
+                    swap.delete(name)
+            for name, value in dumped.items():
+                swap.restore(name, 0, value, replace=True)
+            await swap.execute()
+    finally:
+        await raw.aclose()
+
+
+async def test_a_roll_call_closes_once_every_pod_has_reasserted_not_on_a_timer(
+    own_pods: Pods,
+) -> None:
+    """FLUSHALL with a 30 s fallback window: both pods re-assert within milliseconds, so
+    a newcomer is granted as soon as a seat frees, not after the window."""
+    pods = own_pods
+    a = await pods.start(global_max_in_flight=2, learning_window_s=30)
+    b = await pods.start(global_max_in_flight=2, learning_window_s=30)
+    held_a = await a.scheduler.acquire(Ticket("t"))
+    held_b = await b.scheduler.acquire(Ticket("u"))
+    await pods.client.flushall()
+    late = asyncio.create_task(a.scheduler.acquire(Ticket("v")))
+    await asyncio.sleep(0.2)
+    assert not late.done()  # both seats are held, and both pods said so
+    result = await pods.audit()
+    assert result.inflight == 2 and result.leases == 2
+    started = time.monotonic()
+    held_b.release()
+    (await asyncio.wait_for(late, 2)).release()
+    assert time.monotonic() - started < 1.0
+    held_a.release()
+    assert (await pods.wait_empty(2)).empty
+
+
+async def test_a_new_pool_admits_its_first_request_within_a_second(pods: Pods) -> None:
+    """A first deployment: the pool does not exist, the default learning window is on, and
+    the first request is granted at once or after the short grace, never the window."""
+    gateway = await pods.start(global_max_in_flight=2, learning_window_s=None)
+    started = time.monotonic()
+    permit = await asyncio.wait_for(gateway.scheduler.acquire(Ticket("t")), 2)
+    assert time.monotonic() - started < 1.0
+    permit.release()
+    assert (await pods.wait_empty(2)).empty
+
+
+async def test_a_silent_pod_holds_the_roll_call_until_its_liveness_passes(
+    own_pods: Pods,
+) -> None:
+    """A pod that neither answers nor listens (hung, partitioned) after FLUSHALL may still
+    run what it held: nothing is granted until its liveness, as the others last saw it,
+    has passed; then the roll call closes without it, long before the 30 s fallback."""
+    pods = own_pods
+    a = await pods.start(global_max_in_flight=1, learning_window_s=30)
+    b = await pods.start(global_max_in_flight=1, learning_window_s=30)
+    assert await eventually(lambda: _live_pods(a, 2), TTL)
+    await _heartbeat(a)  # a's roster lists b with a liveness at most one heartbeat old
+    _silence(b)
+    await pods.client.flushall()
+    started = time.monotonic()
+    permit = await asyncio.wait_for(a.scheduler.acquire(Ticket("t")), 5)
+    waited = time.monotonic() - started
+    assert TTL / 3 < waited < TTL + 1.0, waited
+    permit.release()
+    assert (await pods.wait_empty(2)).empty
+
+
+async def test_a_failover_to_a_replica_that_missed_writes_opens_a_roll_call(
+    own_redis: RedisServer, pool_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real failover: a replica is promoted after the master took a write it never
+    replicated, and the pods' address now leads to it. The pods see another run_id on
+    their first call and re-assert before anything new is granted: the seat the replica
+    never heard of is counted, and a newcomer waits for it."""
+    with RedisServer(extra_args=("--replicaof", "127.0.0.1", str(own_redis.port))) as replica:
+        with replica.sync_client() as client:
+            _wait_synced(client)
+        with TcpProxy.to(own_redis) as proxy:
+            pods = Pods(proxy.url, pool_name)
+            try:
+                a = await pods.start(global_max_in_flight=2, learning_window_s=5)
+                b = await pods.start(global_max_in_flight=2, learning_window_s=5)
+                held_a = await a.scheduler.acquire(Ticket("t"))
+                await backend(a).settled()
+                with replica.sync_client() as client:
+                    _wait_replicated(client, own_redis)
+                    client.execute_command("REPLICAOF", "NO", "ONE")  # promoted, then lost
+                held_b = await b.scheduler.acquire(Ticket("u"))  # only the old master has it
+                await backend(b).settled()
+                proxy.retarget(replica)
+                late = asyncio.create_task(a.scheduler.acquire(Ticket("v")))
+                await asyncio.sleep(0.5)
+                assert not late.done()
+                assert "another Redis server" in caplog.text
+                result = await pods.audit()
+                assert result.inflight == 2 and result.leases == 2
+                held_b.release()
+                (await asyncio.wait_for(late, 2)).release()
+                held_a.release()
+                assert (await pods.wait_empty(2)).empty
+            finally:
+                await pods.close()
+
+
+def _wait_synced(client: Any) -> None:
+    deadline = time.monotonic() + 10
+    while client.info("replication").get("master_link_status") != "up":
+        assert time.monotonic() < deadline, "the replica never synced"
+        time.sleep(0.05)
+
+
+def _wait_replicated(client: Any, master: RedisServer) -> None:
+    with master.sync_client() as source:
+        target = source.info("replication")["master_repl_offset"]
+    deadline = time.monotonic() + 5
+    while client.info("replication")["master_repl_offset"] < target:
+        assert time.monotonic() < deadline, "the replica fell behind"
+        time.sleep(0.02)
+
+
+async def test_a_waiter_redis_dropped_is_queued_again_never_evicted_under_block(
+    pods: Pods,
+) -> None:
+    """Redis drops a waiter whose pod it stopped hearing from; when the pod is back its
+    heartbeat finds the waiter gone and queues it again, under block as under any policy:
+    the request still gets its seat, never a 503 evicted."""
+    gateway = await pods.start(global_max_in_flight=1, overflow_policy="block")
+    held = await gateway.scheduler.acquire(Ticket("t"))
+    waiter = asyncio.create_task(gateway.scheduler.acquire(Ticket("u")))
+    await asyncio.sleep(0.1)
     await backend(gateway).settled()
-    return backend(gateway).learning_ms > 0
+    keys = PoolKeys(pods.pool)
+    [waiter_id] = await pods.client.hkeys(keys.key("wmeta"))
+    await _drop_waiter(pods, waiter_id)
+    await _heartbeat(gateway)
+    held.release()
+    (await asyncio.wait_for(waiter, 3)).release()
+    assert backend(gateway).notes_received["queued_again"] == 1
+    assert (await pods.wait_empty(2)).empty
+
+
+async def _drop_waiter(pods: Pods, waiter_id: str) -> None:
+    """Take ``waiter_id`` out of the pool as the script does for a pod it thinks dead."""
+    keys = PoolKeys(pods.pool)
+    meta = (await pods.client.hget(keys.key("wmeta"), waiter_id)).split("|")
+    rank, tenant, arrival = meta[0], meta[1], meta[2]
+    await pods.client.zrem(keys.key("wq"), f"{rank}|{tenant}|{arrival}|{waiter_id}")
+    await pods.client.hdel(keys.key("wmeta"), waiter_id)
+    await pods.client.zrem(keys.key("wdl"), waiter_id)
+    await pods.client.hdel(keys.key("tq"), tenant)
+    await pods.client.zremrangebyrank(keys.key(f"ready:{rank}"), 0, -1)
+    await pods.client.delete(keys.key("rmem"))
+
+
+async def _heartbeat(gateway: Gateway) -> None:
+    pod = backend(gateway)
+    pod._batch.heartbeat = True
+    pod._kick()
+    await pod.settled()

@@ -23,7 +23,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import redis.exceptions
 from tenacity import (
@@ -33,16 +33,20 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from gateway.backends.redis.clock import RedisClock
 from gateway.backends.redis.connect import Client, connect
 from gateway.backends.redis.fallback import Fallback
 from gateway.backends.redis.keys import PoolKeys, escape_tenant, new_pod_id, unescape_tenant
 from gateway.backends.redis.script import StepScript
 from gateway.backends.redis.telemetry import observe
 from gateway.backends.redis.wire import (
+    DEADLINE,
+    PROBE,
     RETRIED,
     AcquireOp,
     Batch,
     Header,
+    News,
     Note,
     PodConfig,
     StepReply,
@@ -63,6 +67,11 @@ UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, 
 #: an error reply that another try may not get (OOM at maxmemory, READONLY from a replica
 #: during a failover, a script killed as BUSY). Past the budget, the failure mode applies.
 FAILED = (*UNREACHABLE, redis.exceptions.ResponseError)
+#: In its failure mode a pod asks Redis this often (at most) whether it is back: the pods
+#: that lost Redis together answer one roll call, and it closes only when all have.
+RECOVERY_PROBE_S = 0.2
+#: The longest a lost notification connection waits before it tries again.
+RESUBSCRIBE_MAX_S = 0.2
 
 
 class RedisUnavailable(Exception):
@@ -109,6 +118,7 @@ class RedisBackend:
         self._keys = PoolKeys(settings.pool)
         ttl_s = settings.lease_ttl_s
         self._interval_s = ttl_s / 3
+        self._interval_ms = self._interval_s * 1000
         learn_s = settings.learning_window_s
         if learn_s is None:
             learn_s = 2 * self._interval_s + settings.redis_retry_budget_s
@@ -117,10 +127,13 @@ class RedisBackend:
         self._wait_ms = round((settings.queue_timeout_s + ttl_s) * 1000)
         self._budget_s = settings.redis_retry_budget_s
         self._client_given = client is not None
+        #: how long a pod waits for one call before it gives up on it (and Redis must not
+        #: run it any more: see DEADLINE)
+        self._call_timeout_s = max(0.1, min(self._budget_s, ttl_s / 3))
         self._client: Client = client or connect(
             settings.redis_url,
             pool_size=settings.redis_pool_size + 1,
-            timeout_s=max(0.1, min(self._budget_s, ttl_s / 3)),
+            timeout_s=self._call_timeout_s,
             setting=settings.label("redis_url"),
         )
         self._script = StepScript(self._client, self._keys)
@@ -132,9 +145,18 @@ class RedisBackend:
         self._confirmed: set[str] = set()  # waiters Redis said it queued
         #: a waiter handed back to Redis after the failure mode under a new id: old → new
         self._renamed: dict[str, str] = {}
+        #: waiters granted too long ago to trust, until Redis confirms their lease
+        self._confirming: set[str] = set()
 
-        # the coalescing caller
-        self._batch = Batch(config=self._config, heartbeat=True)
+        # what this pod knows of the pool, for roll calls (see step.lua)
+        self._clock = RedisClock()
+        self._roster: dict[str, int] = {}  # live pods → liveness (Redis ms)
+        self._mver = -1
+        self._roll_wake: asyncio.TimerHandle | None = None
+        self._recover_soon = asyncio.Event()
+
+        # the coalescing caller; the first call announces this pod and what it holds
+        self._batch = Batch(config=self._config, heartbeat=True, reassert=True)
         self._ops: list[_Op] = []
         self._flusher: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -183,9 +205,12 @@ class RedisBackend:
         for pending in list(self._waiting.values()):
             self.cancel(pending)
             _fail(pending, self._reject("unavailable"))
-        if self._fallback is None and self._batch:
+        if self._fallback is None:
+            self._batch.leave = True
             with contextlib.suppress(Exception):
-                await self._flush_now()
+                await self._flush_now(retry=False)
+        if self._roll_wake is not None:
+            self._roll_wake.cancel()
         for task in self._tasks:
             task.cancel()
         if self._flusher is not None:
@@ -259,6 +284,7 @@ class RedisBackend:
         if self._waiting.pop(waiter_id, None) is None:
             return
         self._confirmed.discard(waiter_id)
+        self._confirming.discard(waiter_id)  # its cancel gives back the lease, if any
         if self._fallback is not None:
             self._fallback.forget(waiter_id)
         self._batch.cancels.append(waiter_id)
@@ -362,7 +388,10 @@ class RedisBackend:
     # -- talking to Redis -------------------------------------------------------------------
 
     def _send_acquire(
-        self, pending: Pending, action: OverflowAction, answered: asyncio.Future[None] | None
+        self,
+        pending: Pending,
+        action: OverflowAction | Literal["requeue"],
+        answered: asyncio.Future[None] | None,
     ) -> None:
         ticket = pending.ticket
         assert isinstance(pending.token, str)
@@ -393,7 +422,8 @@ class RedisBackend:
     async def _flush_now(self, *, retry: bool = True) -> None:
         batch, self._batch = self._batch, Batch()
         ops, self._ops = self._ops, []
-        args = encode(self._header(), batch, *self._heartbeat_report(batch))
+        args = encode(self._header(batch), batch, *self._heartbeat_report(batch))
+        sent_at = self._clock.sent()
         try:
             reply = await self._call(args, retry=retry)
         except RedisUnavailable as exc:
@@ -404,6 +434,7 @@ class RedisBackend:
             self._requeue(batch, stranded)
             self._degrade(exc, stranded)
             return
+        self._clock.observe(reply.now_ms, sent_at)
         self._apply(batch, ops, reply)
 
     async def _call(self, args: list[Any], *, retry: bool) -> StepReply:
@@ -411,13 +442,15 @@ class RedisBackend:
         backoff within the budget, then raises ``RedisUnavailable``."""
         self.calls += 1
         try:
+            args[DEADLINE] = self._clock.deadline_ms(self._call_timeout_s)
             return await self._script(args)
         except FAILED as exc:
             if not retry:
                 raise RedisUnavailable(_failure(exc)) from exc
         # the call may have run, or run in part before an error reply: acquires check
-        # whether they did
+        # whether they did; and the server answering now may not be the one that did
         args[RETRIED] = 1
+        args[PROBE] = 1
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_delay(self._budget_s),
@@ -427,12 +460,13 @@ class RedisBackend:
             ):
                 with attempt:
                     self.calls += 1
+                    args[DEADLINE] = self._clock.deadline_ms(self._call_timeout_s)
                     return await self._script(args)
         except FAILED as exc:
             raise RedisUnavailable(_failure(exc)) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _header(self) -> Header:
+    def _header(self, batch: Batch) -> Header:
         return Header(
             pod=self.pod,
             ttl_ms=self._ttl_ms,
@@ -440,13 +474,21 @@ class RedisBackend:
             channel_prefix=self._keys.channel_prefix,
             init_limit=self.limit,
             max_queue=self._settings.max_queue,
+            mver=self._mver,
+            seen=None if self._epoch is None else (self._epoch, self._seq),
+            # a failover or a restart shows as another run_id: looked at on heartbeats, on
+            # a new connection, and (in _call) on every retry
+            probe=batch.heartbeat or batch.recover or self._script.may_have_moved(),
         )
 
-    def _heartbeat_report(self, batch: Batch) -> tuple[list[tuple[str, str, int]], list[str]]:
+    def _heartbeat_report(
+        self, batch: Batch
+    ) -> tuple[list[tuple[str, str, int]], list[str], dict[str, int]]:
         if not batch.heartbeat:
-            return [], []
+            return [], [], {}
         leases = [(lid, escape_tenant(t.tenant), t.seats) for lid, t in self._held.items()]
-        return leases, sorted(self._confirmed)
+        roster = {pod: alive for pod, alive in self._roster.items() if pod != self.pod}
+        return leases, sorted(self._confirmed), roster
 
     def _requeue(self, batch: Batch, ops: list[_Op]) -> None:
         """Keep what Redis must still hear after a failed call: releases, cancels, the
@@ -454,11 +496,13 @@ class RedisBackend:
         later = self._batch
         later.releases[:0] = batch.releases
         later.cancels[:0] = batch.cancels + [entry.op.id for entry in ops]
+        later.confirms[:0] = batch.confirms
         if later.set_limit is None:
             later.set_limit = batch.set_limit
         later.config = later.config or batch.config
-        later.relearn = later.relearn or batch.relearn
         later.heartbeat = True
+        later.reassert = later.reassert or batch.reassert
+        later.leave = later.leave or batch.leave
         later.checked = later.checked or batch.checked
 
     def _apply(
@@ -467,16 +511,6 @@ class RedisBackend:
         new_epoch = self._epoch is not None and reply.epoch != self._epoch
         if self._epoch is None or new_epoch:
             self._seq = 0
-        elif reply.seq < self._seq:
-            log.warning(
-                "Redis pool %r went back in time (seq %d after %d): a failover lost writes; "
-                "starting a learning window",
-                self._settings.pool,
-                reply.seq,
-                self._seq,
-            )
-            self._batch.relearn = True
-            self._batch.heartbeat = True
         self._epoch = reply.epoch
         self._seq = max(self._seq, reply.seq)
         self._seen_limit = reply.limit
@@ -485,6 +519,16 @@ class RedisBackend:
         self._live_pods = max(1, reply.live_pods)
         self.learning_ms = reply.learning_ms
         self.reasserted += reply.reasserted
+        if reply.roster is not None and reply.asserted:
+            # kept until this pod has answered the roll call: after a loss Redis knows
+            # fewer pods than this roster does, and the roll call needs them all
+            self._roster = reply.roster
+            self._mver = reply.mver
+        if not reply.asserted:
+            # a roll call is open (or this pod came back after its liveness passed): Redis
+            # grants it nothing until it has re-asserted what it holds
+            self._batch.heartbeat = True
+            self._batch.reassert = True
         if reply.reasserted and not recovering:
             log.warning(
                 "pod %s re-asserted %d lease(s) Redis no longer had (Redis lost state, or this "
@@ -496,18 +540,23 @@ class RedisBackend:
 
         # waiters Redis knew before this call: after a new epoch it has forgotten them
         known_before = sorted(self._confirmed) if new_epoch else []
+        granted_until = reply.now_ms + self._ttl_ms  # the lease of a grant made by this call
         for entry, answer in zip(ops, reply.answers, strict=True):
-            self._settle(entry, answer)
+            self._settle(entry, answer, granted_until)
+        for waiter_id, answer in zip(batch.confirms, reply.confirmed, strict=True):
+            self._on_confirmation(waiter_id, answer == "y")
         for note in reply.notes:
             self._on_note(note)
         for waiter_id in reply.missed:
             self.notes_received["missed"] += 1  # found by the heartbeat, not by a message
-            self._on_note(Note(waiter_id))
+            self._on_note(Note(waiter_id, expires=granted_until))  # the heartbeat renewed it
 
         if new_epoch:
             log.warning(
-                "Redis lost pool %r (new epoch %s): re-asserting %d lease(s) and %d waiter(s)",
-                self._settings.pool,
+                "%s (new epoch %s): re-asserting %d lease(s) and %d waiter(s)",
+                _EPOCH_CAUSES.get(reply.new_epoch, _EPOCH_CAUSES[""]).format(
+                    pool=self._settings.pool
+                ),
                 reply.epoch,
                 len(self._held),
                 len(self._confirmed),
@@ -519,20 +568,22 @@ class RedisBackend:
                 pending = self._waiting.get(waiter_id)
                 if pending is not None:
                     self._confirmed.discard(waiter_id)
-                    self._send_acquire(pending, "queue", None)
+                    self._send_acquire(pending, "requeue", None)
         else:
             for waiter_id in reply.lost:
                 if waiter_id in self._confirmed:
-                    self._on_note(Note(waiter_id, "evicted"))
+                    self._queue_again(waiter_id)
+        if reply.learning_ms and self._waiting:
+            self._call_back_in(reply.learning_ms / 1000)
         if self._batch:
             self._kick()
 
-    def _settle(self, entry: _Op, answer: str) -> None:
+    def _settle(self, entry: _Op, answer: str, granted_until: int) -> None:
         """Apply Redis' answer to one acquire, then wake its caller."""
         waiter_id = entry.op.id
         pending = entry.pending
         if answer == "g":
-            self._on_note(Note(waiter_id))
+            self._on_note(Note(waiter_id, expires=granted_until))
         elif answer == "q":
             if waiter_id in self._waiting:
                 self._confirmed.add(waiter_id)
@@ -550,8 +601,24 @@ class RedisBackend:
             # then takes back whatever it granted: running the request on that lease
             # would run it on a seat Redis counts as free
             return
+        if (
+            note.reason is None
+            and note.expires is not None
+            and note.id in self._waiting
+            and not self._clock.outlives(note.expires, self._interval_ms)
+        ):
+            # read too late to trust (this pod was frozen, or its loop held up): the lease
+            # may have expired and its seat gone to another pod, so Redis confirms it first
+            self.notes_received["stale"] += 1
+            self._confirmed.discard(note.id)
+            if note.id not in self._confirming:
+                self._confirming.add(note.id)
+                self._batch.confirms.append(note.id)
+                self._kick()
+            return
         pending = self._waiting.pop(note.id, None)
         self._confirmed.discard(note.id)
+        self._confirming.discard(note.id)
         if note.reason is not None:
             if pending is not None:
                 _fail(pending, self._reject(_reason(note.reason)))
@@ -568,20 +635,79 @@ class RedisBackend:
         else:
             pending.future.set_result(Permit(pending.ticket, note.id))
 
+    def _on_confirmation(self, waiter_id: str, holds: bool) -> None:
+        """Redis' answer about a grant read too late: run it, or wait for a seat again."""
+        if waiter_id not in self._confirming:
+            if holds and waiter_id not in self._held:
+                self._batch.releases.append(waiter_id)  # cancelled meanwhile
+            return
+        self._confirming.discard(waiter_id)
+        if holds:
+            self._on_note(Note(waiter_id))
+        else:
+            self.notes_received["stale_given_back"] += 1
+            self._queue_again(waiter_id)
+
+    def _queue_again(self, waiter_id: str) -> None:
+        """Redis no longer has this waiter (it dropped it while the pod was away, or its
+        grant expired unseen): it waits in the shared queue again, under a new id, past
+        ``max_queue`` if need be. It is never answered ``evicted`` for it."""
+        pending = self._waiting.get(waiter_id)
+        self._confirmed.discard(waiter_id)
+        if pending is None or pending.future.done():
+            return
+        self.notes_received["queued_again"] += 1
+        self._batch.checked = True
+        self._send_acquire(self._renew(pending), "requeue", None)
+
+    def _on_news(self, news: News) -> None:
+        """What the pod's channel said besides its waiters' notes."""
+        if news.roll_call:
+            if self._fallback is not None:
+                self._recover_soon.set()
+                return
+            self._batch.heartbeat = True
+            self._batch.reassert = True
+        if news.membership:
+            self._batch.ping = True
+        self._kick()
+
+    def _call_back_in(self, delay_s: float) -> None:
+        """Call Redis again after ``delay_s``: a roll call may close by then with nobody
+        else calling (a pod presumed dead, its fallback deadline), and waiters here wait."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(delay_s, 0.005)
+        if self._roll_wake is not None:
+            if self._roll_wake.when() <= when:
+                return
+            self._roll_wake.cancel()
+        self._roll_wake = loop.call_at(when, self._ping)
+
+    def _ping(self) -> None:
+        self._roll_wake = None
+        self._batch.ping = True
+        self._kick()
+
     # -- notifications and heartbeats -----------------------------------------------------
 
     async def _listen(self) -> None:
-        """Read this pod's channel; after any reconnect, a heartbeat picks up what was missed."""
+        """Read this pod's channel; after any reconnect, a heartbeat picks up what was missed.
+
+        A lost subscription is tried again within ``RESUBSCRIBE_MAX_S``: after a Redis
+        restart the pods' subscriptions are how a roll call knows who is live.
+        """
         channel = self._keys.channel(self.pod)
-        backoff = 0.05
+        backoff = 0.02
         first = True
         while self._running:
             pubsub = self._client.pubsub()
             try:
                 await pubsub.subscribe(channel)
                 self._subscribed.set()
-                backoff = 0.05
+                backoff = 0.02
                 if not first:
+                    if self._fallback is not None:
+                        self._recover_soon.set()
                     self._batch.heartbeat = True
                     self._kick()
                 first = False
@@ -590,18 +716,28 @@ class RedisBackend:
                         ignore_subscribe_messages=True, timeout=self._interval_s
                     )
                     if message is not None and message.get("type") == "message":
-                        for note in _notes_of(message.get("data")):
+                        notes, news = _notes_of(message.get("data"))
+                        for note in notes:
                             self._on_note(note)
+                        if news.roll_call or news.membership:
+                            self._on_news(news)
             except UNREACHABLE:
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._interval_s)
+                backoff = min(backoff * 2, RESUBSCRIBE_MAX_S, self._interval_s)
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def _heartbeats(self) -> None:
         while self._running:
-            await asyncio.sleep(self._interval_s * random.uniform(0.8, 1.0))  # noqa: S311
+            if self._fallback is None:
+                await asyncio.sleep(self._interval_s * random.uniform(0.8, 1.0))  # noqa: S311
+            else:
+                # in the failure mode: ask Redis often, and at once when it calls a roll
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(self._interval_s, RECOVERY_PROBE_S)):
+                        await self._recover_soon.wait()
+            self._recover_soon.clear()
             if self._fallback is None:
                 self._batch.heartbeat = True
                 self._kick()
@@ -634,6 +770,12 @@ class RedisBackend:
             mode,
             self._fallback.describe(),
         )
+        # a grant waiting for Redis to confirm it is adopted like a queued waiter: its
+        # cancel gives the lease back, if Redis still has it, when Redis answers again
+        for waiter_id in sorted(self._confirming):
+            self._confirmed.add(waiter_id)
+        self._confirming.clear()
+        self._batch.confirms.clear()
         # waiters queued in Redis can no longer hear of a grant: the failure mode takes them
         for waiter_id in sorted(self._confirmed):
             pending = self._waiting.get(waiter_id)
@@ -660,18 +802,25 @@ class RedisBackend:
         return outcome
 
     async def _try_recover(self) -> None:
+        # while unreachable this pod may have admitted seats Redis never counted, and so
+        # may every pod that lost Redis with it: the call opens a roll call, and nothing
+        # new is granted until each of them has re-asserted what it holds
         self._batch.heartbeat = True
+        self._batch.reassert = True
+        self._batch.recover = True
         self._batch.config = self._config
         fallback = self._fallback
         assert fallback is not None
         batch, self._batch = self._batch, Batch()
-        args = encode(self._header(), batch, *self._heartbeat_report(batch))
+        args = encode(self._header(batch), batch, *self._heartbeat_report(batch))
+        sent_at = self._clock.sent()
         try:
             reply = await self._call(args, retry=False)
         except RedisUnavailable:
             self._requeue(batch, [])
             fallback.share = self._local_share()
             return
+        self._clock.observe(reply.now_ms, sent_at)
         # the reply is applied while the failure mode still holds its waiters: a grant it
         # carries for one of them is for a waiter this very call cancelled (see _on_note)
         self._apply(batch, [], reply, recovering=True)
@@ -687,7 +836,7 @@ class RedisBackend:
         )
         self._batch.checked = True
         for pending in moved:
-            self._send_acquire(self._renew(pending), "queue", None)
+            self._send_acquire(self._renew(pending), "requeue", None)
         self._kick()
 
     def _renew(self, pending: Pending) -> Pending:
@@ -758,14 +907,22 @@ class _PoolView:
 
 _REASONS: frozenset[str] = frozenset(get_args(RejectReason))
 
+#: What a pod logs when it finds a new epoch, by the cause the call gave.
+_EPOCH_CAUSES = {
+    "lost": "Redis lost pool {pool!r} (a restart without persistence, FLUSHALL, eviction)",
+    "seq": "Redis pool {pool!r} went back in time: a failover lost writes",
+    "runid": "Redis pool {pool!r} is served by another Redis server (a failover or a restart)",
+    "": "Redis pool {pool!r} started a new epoch (another pod found it lost or rolled back)",
+}
+
 
 def _reason(answer: str) -> RejectReason:
     return answer if answer in _REASONS else "unavailable"  # type: ignore[return-value]
 
 
-def _notes_of(data: object) -> list[Note]:
+def _notes_of(data: object) -> tuple[list[Note], News]:
     if not isinstance(data, str):
-        return []
+        return [], News()
     return parse_notes(data.split())
 
 

@@ -33,6 +33,10 @@ KEY_NAMES = (
     "pods",
     "weights",
     "caps",
+    "await",
+    "asserted",
+    "members",
+    "unready",
 )
 
 _LONG_TENANT = 96

@@ -45,6 +45,13 @@ class StepScript:
             if not getattr(pool, "service_name", None):  # not a Sentinel-managed pool
                 self._connection = pool.connection_class(**pool.connection_kwargs)
 
+    def may_have_moved(self) -> bool:
+        """Whether the next call may reach another Redis server than the last one did: a
+        new connection (after an error or at start) may land on a promoted replica or a
+        restarted server. Through Sentinel or Cluster the client picks the node for every
+        call, so the answer is always yes."""
+        return self._connection is None or not self._connection.is_connected
+
     async def __call__(self, args: list[Arg]) -> StepReply:
         if self._connection is None:
             return decode(await self._script(keys=self._keys, args=args))

@@ -1,30 +1,50 @@
 -- obleth cluster step: one atomic call carries everything one pod has to say.
 --
--- A pod batches its pending work (acquires, releases, cancels, a heartbeat, a new limit)
--- into one call of this script, so one round trip serves every request that arrived
--- while the previous call was in flight. Every key of a pool shares one hash tag, so the
--- script runs on one Redis Cluster slot. Time is Redis' own clock (TIME), never a pod's.
+-- A pod batches its pending work (acquires, releases, cancels, confirmations, its
+-- heartbeat, a new limit) into one call of this script, so one round trip serves every
+-- request that arrived while the previous call was in flight. Every key of a pool shares
+-- one hash tag, so the script runs on one Redis Cluster slot. Time is Redis' own clock
+-- (TIME), never a pod's.
 --
--- KEYS: state leases lmeta tin tq wq wmeta wdl ready0 ready1 rmem pods weights caps
--- ARGV: see parse order below; the Python side (gateway/backends/redis/wire.py) is the
--- only writer of this layout.
+-- KEYS, in order: state leases lmeta tin tq wq wmeta wdl ready:0 ready:1 rmem pods
+--   weights caps await asserted members unready
+--
+-- ARGV, written only by gateway/backends/redis/wire.py (`encode`):
+--    1 pod id                  2 lease TTL (ms)             3 roll-call fallback (ms)
+--    4 notification prefix     5 limit for a new pool       6 max queue
+--    7 retried: 1 when this call may have run before (its reply was lost)
+--    8 probe: 1 to compare Redis' run_id with the pool's (a failover or a restart)
+--    9 membership version the pod knows (-1: it knows no roster yet)
+--   10 "<epoch> <seq>": the latest the pod saw, or empty
+--   11 flags, words among: heartbeat reassert recover leave
+--   12 config   13 held leases   14 queued waiters   15 roster   16 new limit (-1: none)
+--   17 releases 18 cancels       19 confirmations    20 acquires
+--   21 deadline on Redis' clock (ms; 0: none): past it the pod has given up waiting
+--
+-- The sections below, in the order a call runs them: state and epochs, roll calls,
+-- membership, tenants, leases, waiters, dispatch, then the call itself.
+--
+-- Roll calls (see docs/cluster.md, "After Redis loses state"): when Redis may count
+-- fewer seats than the pods hold (it lost the pool, a failover lost writes, or a pod
+-- comes back from its failure mode), nothing new is granted until every pod that may
+-- hold seats has re-asserted them. The pods awaited are every pod Redis still sees as
+-- live, every pod subscribed to its notification channel (subscriptions survive
+-- FLUSHALL), and every pod named in the roster of a pod that re-asserted; a pod leaves
+-- the roll call by re-asserting, or by being presumed dead (its known liveness passed and
+-- nobody listens on its channel). A fallback deadline closes the roll call regardless.
 
 local S, LEASES, LMETA, TIN, TQ, WQ, WMETA, WDL = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local READY = { [0] = KEYS[9], [1] = KEYS[10] }
 local RMEM, PODS, WEIGHTS, CAPS = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+local AWAIT, ASSERTED, MEMBERS, UNREADY = KEYS[15], KEYS[16], KEYS[17], KEYS[18]
 local WAITING_RANKS = 1 -- ranks 0 (critical) and 1 (standard) wait; 2 (background) never
+-- a pod that knows no other pod cannot bring a roster: a roll call it opens stays open
+-- this long, so that pods still reconnecting after a Redis restart are heard
+local GRACE_MS = 500
 
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-
-local pod = ARGV[1]
-local ttl = tonumber(ARGV[2])
-local learn_ms = tonumber(ARGV[3])
-local channel = ARGV[4]
-local init_limit = ARGV[5]
-local max_queue = tonumber(ARGV[6])
-local retried = ARGV[7] == '1' -- this call may have run before (its reply was lost)
 
 -- each section of the call is one argument of space-separated words
 local function words(text)
@@ -35,37 +55,44 @@ local function words(text)
   return list
 end
 
--- state ------------------------------------------------------------------------------
-
-local state = redis.call('HMGET', S, 'epoch', 'limit', 'inflight', 'learn_until', 'dweight',
-  'dcap', 'capped')
-local epoch = state[1]
-if not epoch then
-  -- Redis lost the pool (restart without persistence, FLUSHALL, failover, eviction):
-  -- start a new epoch, drop whatever fragments survived, and grant nothing new until
-  -- the pods have had time to re-assert what they hold.
-  redis.call('DEL', LEASES, LMETA, TIN, TQ, WQ, WMETA, WDL, READY[0], READY[1], RMEM,
-    WEIGHTS, CAPS)
-  epoch = clock[1] .. string.format('%06d', tonumber(clock[2]))
-  redis.call('HSET', S, 'limit', init_limit, 'inflight', 0, 'epoch', epoch,
-    'learn_until', now + learn_ms, 'dweight', 1, 'dcap', -1, 'capped', 0, 'seq', 0, 'arr', 0)
-  state = { epoch, init_limit, 0, now + learn_ms, 1, -1, 0 }
-end
-local seq = redis.call('HINCRBY', S, 'seq', 1)
-local limit = tonumber(state[2])
-local inflight = tonumber(state[3])
-local inflight_before = inflight
-local learn_until = tonumber(state[4])
-local dweight = tonumber(state[5])
-local dcap = tonumber(state[6])
-local capped = state[7] == '1'
-local nwait = redis.call('HLEN', WMETA) -- kept up to date below: nothing waits, nothing to do
-
-local function add_inflight(delta)
-  inflight = inflight + delta
+-- a call Redis runs after its pod gave up on it (Redis was frozen with the call in its
+-- socket) must change nothing: the pod went on as if it failed, and, in its failure mode,
+-- admitted seats that a re-assertion made here would leave uncounted
+local deadline = tonumber(ARGV[21])
+if deadline > 0 and now > deadline then
+  return { 'late' }
 end
 
--- notifications: collected per pod, one PUBLISH per pod at the end --------------------
+local pod = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local learn_ms = tonumber(ARGV[3])
+local channel = ARGV[4]
+local init_limit = ARGV[5]
+local max_queue = tonumber(ARGV[6])
+local retried = ARGV[7] == '1'
+local probe = ARGV[8] == '1'
+local known_mver = tonumber(ARGV[9])
+local seen = words(ARGV[10])
+local rolls = learn_ms > 0 -- learning_window_s = 0 turns roll calls off
+
+local flags = {}
+for _, flag in ipairs(words(ARGV[11])) do
+  flags[flag] = true
+end
+
+local function split(text)
+  local parts = {}
+  for part in string.gmatch(text, '[^|]+') do
+    parts[#parts + 1] = part
+  end
+  return parts
+end
+
+local function new_id()
+  return clock[1] .. string.format('%06d', tonumber(clock[2]))
+end
+
+-- notifications: collected per pod, one PUBLISH per pod at the end ---------------------
 
 local notes = {}
 local own_notes = {}
@@ -82,7 +109,226 @@ local function notify(to_pod, token)
   list[#list + 1] = token
 end
 
--- tenants ----------------------------------------------------------------------------
+local function live_pods()
+  return redis.call('ZRANGEBYSCORE', PODS, now, '+inf')
+end
+
+local function nudge_others(token)
+  for _, other in ipairs(live_pods()) do
+    if other ~= pod then notify(other, token) end
+  end
+end
+
+-- state and epochs ----------------------------------------------------------------------
+
+local function run_id()
+  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+end
+
+local state = redis.call('HMGET', S, 'epoch', 'limit', 'inflight', 'learn_until', 'dweight',
+  'dcap', 'capped', 'grace_until', 'mver', 'runid')
+local epoch = state[1]
+local new_roll = false
+local relearn = nil -- why a new epoch starts ('lost', 'seq', 'runid'), for the pods' logs
+if not epoch then
+  -- Redis lost the pool (restart without persistence, FLUSHALL, failover, eviction), or
+  -- this is its first call ever: start a new epoch and drop whatever fragments survived
+  redis.call('DEL', LEASES, LMETA, TIN, TQ, WQ, WMETA, WDL, READY[0], READY[1], RMEM,
+    WEIGHTS, CAPS, PODS, AWAIT, ASSERTED, MEMBERS, UNREADY)
+  epoch = new_id()
+  redis.call('HSET', S, 'limit', init_limit, 'inflight', 0, 'epoch', epoch, 'learn_until', 0,
+    'grace_until', 0, 'dweight', 1, 'dcap', -1, 'capped', 0, 'seq', 0, 'arr', 0, 'mver', 0,
+    'runid', run_id())
+  state = { epoch, init_limit, 0, 0, 1, -1, 0, 0, 0 }
+  new_roll = true
+  relearn = 'lost'
+elseif probe then
+  -- the pool was written by another Redis server: a replica promoted by a failover (which
+  -- may have missed the last writes) or a restart that reloaded a snapshot
+  local current = run_id()
+  if state[10] ~= current then
+    redis.call('HSET', S, 'runid', current)
+    if state[10] then relearn = 'runid' end
+  end
+end
+local seq = redis.call('HINCRBY', S, 'seq', 1)
+if not relearn and seen[1] == epoch and tonumber(seen[2]) >= seq then
+  -- this pod saw the pool further along than Redis has it: a failover lost writes
+  relearn = 'seq'
+end
+local limit = tonumber(state[2])
+local inflight = tonumber(state[3])
+local inflight_before = inflight
+local learn_until = tonumber(state[4])
+local dweight = tonumber(state[5])
+local dcap = tonumber(state[6])
+local capped = state[7] == '1'
+local grace_until = tonumber(state[8] or '0')
+local mver = tonumber(state[9] or '0')
+local nwait = redis.call('HLEN', WMETA) -- kept up to date below: nothing waits, nothing to do
+
+if relearn and relearn ~= 'lost' then
+  -- the sequence went backwards, or the run_id changed: what Redis counts may be older
+  -- than what runs, as after a loss
+  epoch = new_id()
+  redis.call('HSET', S, 'epoch', epoch)
+  new_roll = true
+end
+
+local function add_inflight(delta)
+  inflight = inflight + delta
+end
+
+-- roll calls -----------------------------------------------------------------------------
+
+local function learning()
+  return learn_until > 0
+end
+
+local function pod_of_channel(name)
+  return string.sub(name, #channel + 1)
+end
+
+local function listened(of_pod)
+  return redis.call('PUBSUB', 'NUMSUB', channel .. of_pod)[2] > 0
+end
+
+-- awaits a pod, keeping the latest liveness known for it; true when it was not awaited
+local function await(of_pod, alive_until)
+  local known = redis.call('ZSCORE', AWAIT, of_pod)
+  if known and tonumber(known) >= tonumber(alive_until) then return false end
+  redis.call('ZADD', AWAIT, alive_until, of_pod)
+  return not known
+end
+
+local function close_roll()
+  learn_until, grace_until = 0, 0
+  redis.call('HSET', S, 'learn_until', 0, 'grace_until', 0)
+  redis.call('DEL', AWAIT)
+end
+
+local function start_roll()
+  if not rolls then return end
+  redis.call('DEL', AWAIT, ASSERTED)
+  learn_until = now + learn_ms
+  grace_until = 0
+  local live = redis.call('ZRANGEBYSCORE', PODS, now, '+inf', 'WITHSCORES')
+  for at = 1, #live, 2 do
+    await(live[at], live[at + 1])
+  end
+  local pattern = string.gsub(channel, '([%*%?%[%]\\])', '\\%1') .. '*'
+  for _, name in ipairs(redis.call('PUBSUB', 'CHANNELS', pattern)) do
+    await(pod_of_channel(name), now)
+  end
+  await(pod, now + ttl)
+  if known_mver < 0 and redis.call('ZCARD', AWAIT) <= 1 then
+    grace_until = now + GRACE_MS
+  end
+  for _, awaited in ipairs(redis.call('ZRANGE', AWAIT, 0, -1)) do
+    if awaited ~= pod then notify(awaited, 'e') end
+  end
+  redis.call('HSET', S, 'learn_until', learn_until, 'grace_until', grace_until)
+end
+
+-- a pod may hold seats Redis does not count until it has re-asserted in this roll call;
+-- it is heard from, so it is awaited
+local function await_caller()
+  if learning() and redis.call('SISMEMBER', ASSERTED, pod) == 0 then
+    await(pod, now + ttl)
+  end
+end
+
+-- the roster a re-asserting pod brings: every pod it saw live, with the liveness it saw
+local function merge_roster(roster)
+  if not learning() then return end
+  for at = 1, #roster, 2 do
+    local other = roster[at]
+    if other ~= pod and redis.call('SISMEMBER', ASSERTED, other) == 0
+        and await(other, roster[at + 1]) then
+      notify(other, 'e')
+    end
+  end
+end
+
+-- closes the roll call once nobody is awaited, or at its fallback deadline
+local function settle_roll()
+  if not learning() then return end
+  if now >= learn_until then
+    close_roll()
+    return
+  end
+  -- presumed dead: its liveness passed, and nobody listens on its channel
+  for _, awaited in ipairs(redis.call('ZRANGEBYSCORE', AWAIT, '-inf', '(' .. now)) do
+    if not listened(awaited) then redis.call('ZREM', AWAIT, awaited) end
+  end
+  if now >= grace_until and redis.call('ZCARD', AWAIT) == 0 then close_roll() end
+end
+
+-- when the roll call may close without anyone re-asserting: pods with waiters call then
+local function roll_ms()
+  if not learning() then return 0 end
+  local next_change = learn_until
+  if grace_until > now and grace_until < next_change then next_change = grace_until end
+  local first = redis.call('ZRANGEBYSCORE', AWAIT, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if first[2] and tonumber(first[2]) < next_change then next_change = tonumber(first[2]) end
+  return math.max(1, next_change - now)
+end
+
+-- membership ------------------------------------------------------------------------------
+-- Every pod must know every pod that may hold seats, so that its roster is complete if
+-- Redis loses the pool: a pod that joins holds no seat until every other live pod has
+-- been told of it (MEMBERS: pod -> "<version it joined at> <version it was last told>").
+
+local function member(of_pod)
+  local entry = redis.call('HGET', MEMBERS, of_pod)
+  if not entry then return 0, 0 end
+  local joined_at, told = string.match(entry, '(%d+) (%d+)')
+  return tonumber(joined_at), tonumber(told)
+end
+
+local function recheck_unready()
+  local pending = redis.call('SMEMBERS', UNREADY)
+  if #pending == 0 then return end
+  local live = live_pods()
+  local told = {}
+  for _, other in ipairs(live) do
+    local _, version = member(other)
+    told[other] = version
+  end
+  for _, joiner in ipairs(pending) do
+    local joined_at = member(joiner)
+    local ready = true
+    for _, other in ipairs(live) do
+      if other ~= joiner and told[other] < joined_at then
+        ready = false
+        break
+      end
+    end
+    if ready then redis.call('SREM', UNREADY, joiner) end
+  end
+end
+
+local function forget_pod(of_pod)
+  redis.call('HDEL', MEMBERS, of_pod)
+  redis.call('SREM', ASSERTED, of_pod)
+  redis.call('SREM', UNREADY, of_pod)
+end
+
+local function membership_changed()
+  mver = redis.call('HINCRBY', S, 'mver', 1)
+end
+
+local function eligible(of_pod)
+  if not rolls then return true end
+  return redis.call('SISMEMBER', ASSERTED, of_pod) == 1
+    and redis.call('SISMEMBER', UNREADY, of_pod) == 0
+end
+
+local function roster()
+  return table.concat(redis.call('ZRANGEBYSCORE', PODS, now, '+inf', 'WITHSCORES'), ' ')
+end
+
+-- tenants ---------------------------------------------------------------------------------
 
 local function weight(tenant)
   local w = redis.call('HGET', WEIGHTS, tenant)
@@ -96,14 +342,6 @@ end
 
 local function tenant_queued(tenant)
   return tonumber(redis.call('HGET', TQ, tenant) or '0')
-end
-
-local function split(text)
-  local parts = {}
-  for part in string.gmatch(text, '[^|]+') do
-    parts[#parts + 1] = part
-  end
-  return parts
 end
 
 -- the head of (rank, tenant)'s FIFO: members of WQ are rank|tenant|arrival|id, all at
@@ -129,9 +367,9 @@ local function rekey(tenant)
     local id, arrival = head(rank, tenant)
     if id then
       local meta = split(redis.call('HGET', WMETA, id))
-      local member = arrival .. '|' .. tenant
-      redis.call('ZADD', READY[rank], (held + tonumber(meta[4])) / w, member)
-      redis.call('HSET', RMEM, field, member)
+      local entry = arrival .. '|' .. tenant
+      redis.call('ZADD', READY[rank], (held + tonumber(meta[4])) / w, entry)
+      redis.call('HSET', RMEM, field, entry)
     elseif old then
       redis.call('HDEL', RMEM, field)
     end
@@ -144,7 +382,7 @@ local function add_tenant_inflight(tenant, delta)
   if nwait > 0 and tenant_queued(tenant) > 0 then rekey(tenant) end
 end
 
--- leases -----------------------------------------------------------------------------
+-- leases ----------------------------------------------------------------------------------
 
 local function pod_expiry(of_pod)
   local expiry = redis.call('ZSCORE', PODS, of_pod)
@@ -152,6 +390,7 @@ local function pod_expiry(of_pod)
   return nil
 end
 
+-- returns the lease's expiry: a grant never outlives its pod's liveness
 local function add_lease(id, tenant, seats, of_pod)
   local expiry = now + ttl -- the caller's own liveness was just renewed to the same
   if of_pod ~= pod then
@@ -162,6 +401,7 @@ local function add_lease(id, tenant, seats, of_pod)
   redis.call('HSET', LMETA, id, tenant .. '|' .. seats .. '|' .. of_pod)
   add_inflight(seats)
   add_tenant_inflight(tenant, seats)
+  return expiry
 end
 
 local function free_lease(id)
@@ -176,7 +416,7 @@ local function free_lease(id)
   return true
 end
 
--- waiters ----------------------------------------------------------------------------
+-- waiters ---------------------------------------------------------------------------------
 
 local function enqueue(id, tenant, rank, seats, deadline)
   local arrival = string.format('%015d', redis.call('HINCRBY', S, 'arr', 1))
@@ -221,9 +461,9 @@ end
 local function eviction_victim(rank)
   local best_tenant, best_load, best_queued = nil, nil, nil
   for r = rank, WAITING_RANKS do
-    local members = redis.call('ZRANGE', READY[r], 0, -1)
-    for _, member in ipairs(members) do
-      local tenant = string.sub(member, string.find(member, '|', 1, true) + 1)
+    local entries = redis.call('ZRANGE', READY[r], 0, -1)
+    for _, entry in ipairs(entries) do
+      local tenant = string.sub(entry, string.find(entry, '|', 1, true) + 1)
       local queued = tenant_queued(tenant)
       local load = (tenant_inflight(tenant) + queued) / weight(tenant)
       if best_load == nil or load > best_load or (load == best_load and queued > best_queued) then
@@ -239,12 +479,10 @@ local function eviction_victim(rank)
   return nil
 end
 
-local function learning()
-  return now < learn_until
-end
+-- dispatch: hand free seats to waiters ------------------------------------------------------
+-- strict priority across classes, weighted max-min across tenants, FIFO within a tenant,
+-- never skipping past a head that does not fit (or whose pod must re-assert first)
 
--- hand free seats to waiters: strict priority across classes, weighted max-min across
--- tenants, FIFO within a tenant, never skipping past a head that does not fit
 local function dispatch()
   if nwait == 0 or learning() then return end
   for _ = 1, 100000 do
@@ -256,30 +494,48 @@ local function dispatch()
       end
     end
     if rank == nil then return end
-    local member = redis.call('ZRANGE', READY[rank], 0, 0)[1]
-    local tenant = string.sub(member, string.find(member, '|', 1, true) + 1)
+    local entry = redis.call('ZRANGE', READY[rank], 0, 0)[1]
+    local tenant = string.sub(entry, string.find(entry, '|', 1, true) + 1)
     local id = head(rank, tenant)
     local meta = split(redis.call('HGET', WMETA, id))
     local seats, of_pod = tonumber(meta[4]), meta[5]
     local alive_until = pod_expiry(of_pod)
     if alive_until == nil or alive_until < now then
-      unqueue(id) -- its pod is gone: nobody is left to run it
+      unqueue(id) -- its pod is gone: nobody is left to run it (the pod re-queues it if back)
     else
-      if inflight + seats > limit then return end
+      if inflight + seats > limit or not eligible(of_pod) then return end
       unqueue(id)
-      add_lease(id, tenant, seats, of_pod)
-      notify(of_pod, 'g:' .. id)
+      local expiry = add_lease(id, tenant, seats, of_pod)
+      notify(of_pod, 'g:' .. id .. ':' .. expiry)
     end
   end
 end
 
--- the call ---------------------------------------------------------------------------
+-- the call ----------------------------------------------------------------------------------
 
-redis.call('ZADD', PODS, now + ttl, pod)
+if new_roll then start_roll() end
+if flags.recover and not learning() then
+  -- a pod back from its failure mode may have admitted seats Redis never saw, and so may
+  -- every other pod that lost Redis at the same time
+  start_roll()
+end
+
+-- liveness and membership: a pod Redis did not know (new, or back after its liveness
+-- passed) joins, and holds nothing until every live pod has been told of it
+local joined = redis.call('ZADD', PODS, now + ttl, pod) == 1
+if joined and not flags.leave then
+  membership_changed()
+  forget_pod(pod)
+  redis.call('HSET', MEMBERS, pod, mver .. ' ' .. mver)
+  if rolls and #live_pods() > 1 then
+    redis.call('SADD', UNREADY, pod)
+    nudge_others('m')
+  end
+end
 
 -- configuration (sent after a pod starts and after a new epoch):
 -- "<default weight> <default cap> <n> <tenant> <weight>... <m> <tenant> <cap>..."
-local config = words(ARGV[8])
+local config = words(ARGV[12])
 if #config > 0 then
   dweight, dcap = tonumber(config[1]), tonumber(config[2])
   redis.call('DEL', WEIGHTS, CAPS)
@@ -298,18 +554,12 @@ if #config > 0 then
   redis.call('HSET', S, 'dweight', dweight, 'dcap', dcap, 'capped', capped and 1 or 0)
 end
 
--- a pod saw the sequence go backwards (a failover lost writes): new epoch, learn again
-if ARGV[9] == '1' then
-  epoch = clock[1] .. string.format('%06d', tonumber(clock[2]))
-  learn_until = now + learn_ms
-  redis.call('HSET', S, 'epoch', epoch, 'learn_until', learn_until)
-end
-
 -- heartbeat: renew this pod's leases, re-assert those Redis no longer has, and report
 -- waiters granted without the pod hearing of it, or lost
+await_caller()
 local reasserted, missed, lost = 0, {}, {}
-if ARGV[10] == '1' then
-  local held = words(ARGV[11]) -- "<id> <tenant> <seats>..."
+if flags.heartbeat then
+  local held = words(ARGV[13]) -- "<id> <tenant> <seats>..."
   for at = 1, #held, 3 do
     local id, tenant, seats = held[at], held[at + 1], tonumber(held[at + 2])
     if redis.call('ZADD', LEASES, 'XX', 'CH', now + ttl, id) == 0
@@ -318,7 +568,7 @@ if ARGV[10] == '1' then
       reasserted = reasserted + 1
     end
   end
-  for _, id in ipairs(words(ARGV[12])) do
+  for _, id in ipairs(words(ARGV[14])) do
     if redis.call('HEXISTS', WMETA, id) == 0 then -- else: still waiting
       if redis.call('HEXISTS', LMETA, id) == 1 then
         redis.call('ZADD', LEASES, 'XX', now + ttl, id)
@@ -329,9 +579,20 @@ if ARGV[10] == '1' then
     end
   end
 end
+if flags.reassert then
+  -- everything this pod holds is counted now (the heartbeat above), and everyone it
+  -- knows is awaited. It leaves the roll call, unless it is coming back from its failure
+  -- mode: it may admit on its own until it reads this reply, so it answers with its
+  -- next call, made once it no longer does
+  merge_roster(words(ARGV[15]))
+  if not flags.recover then
+    redis.call('ZREM', AWAIT, pod)
+    redis.call('SADD', ASSERTED, pod)
+  end
+end
 
 -- a new limit, from any pod: the one source of truth
-local new_limit = tonumber(ARGV[13])
+local new_limit = tonumber(ARGV[16])
 if new_limit >= 0 then
   limit = new_limit
   redis.call('HSET', S, 'limit', limit)
@@ -346,17 +607,44 @@ if nwait > 0 then
     drop(id, 'queue_timeout')
   end
 end
-redis.call('ZREMRANGEBYSCORE', PODS, '-inf', now - 1)
+local dead = redis.call('ZRANGEBYSCORE', PODS, '-inf', '(' .. now)
+if #dead > 0 then
+  for _, gone in ipairs(dead) do
+    redis.call('ZREM', PODS, gone)
+    forget_pod(gone)
+  end
+  membership_changed()
+  recheck_unready()
+end
+
+if flags.leave then
+  -- a pod shutting down: the others drop it from their rosters
+  redis.call('ZREM', PODS, pod)
+  redis.call('ZREM', AWAIT, pod)
+  forget_pod(pod)
+  membership_changed()
+  nudge_others('m')
+end
+
+-- the pod is told the roster when its version is behind, and with every heartbeat (the
+-- liveness it lists is then at most one heartbeat old)
+local told_roster = flags.heartbeat or known_mver ~= mver
+if told_roster and not flags.leave then
+  local joined_at = member(pod)
+  redis.call('HSET', MEMBERS, pod, joined_at .. ' ' .. mver)
+end
+recheck_unready()
+settle_roll()
 
 -- releases never fail: a lease Redis no longer has was already given back
-for _, id in ipairs(words(ARGV[14])) do
+for _, id in ipairs(words(ARGV[17])) do
   free_lease(id)
 end
 
 -- cancels: 'c' taken out of the queue, 'r' a grant had won the race and is given back
 -- now, '-' neither (already dropped)
 local cancelled = {}
-for n, id in ipairs(words(ARGV[15])) do
+for n, id in ipairs(words(ARGV[18])) do
   if unqueue(id) then
     cancelled[n] = 'c'
   elseif free_lease(id) then
@@ -366,10 +654,24 @@ for n, id in ipairs(words(ARGV[15])) do
   end
 end
 
+-- confirmations of grants the pod read too late to trust: 'y' the lease still holds (and
+-- is renewed), 'n' it expired and its seats went to others
+local confirmed = {}
+for n, id in ipairs(words(ARGV[19])) do
+  if redis.call('HEXISTS', LMETA, id) == 1 then
+    redis.call('ZADD', LEASES, 'XX', now + ttl, id)
+    confirmed[n] = 'y'
+  else
+    confirmed[n] = 'n'
+  end
+end
+
 -- acquires, "<id> <tenant> <rank> <seats> <action> <wait ms>...": answered 'g' granted,
--- 'q' queued, else the reason of the refusal
+-- 'q' queued, else the reason of the refusal. Action 'requeue' is a waiter Redis dropped
+-- while its pod was away, queued again whatever the bound.
+local caller_eligible = eligible(pod)
 local answers = {}
-local acquires = words(ARGV[16])
+local acquires = words(ARGV[20])
 for at = 1, #acquires, 6 do
   local id, tenant, rank, seats, action, wait_ms = acquires[at], acquires[at + 1],
     tonumber(acquires[at + 2]), tonumber(acquires[at + 3]), acquires[at + 4],
@@ -382,13 +684,18 @@ for at = 1, #acquires, 6 do
   else
     local cap = dcap
     if capped then cap = tonumber(redis.call('HGET', CAPS, tenant) or dcap) end
-    if cap >= 0 and tenant_inflight(tenant) + tenant_queued(tenant) + seats > cap then
+    if action ~= 'requeue' and cap >= 0
+        and tenant_inflight(tenant) + tenant_queued(tenant) + seats > cap then
       answer = 'tenant_limit'
-    elseif not learning() and inflight + seats <= limit and not waiting_at_or_above(rank) then
+    elseif not learning() and caller_eligible and inflight + seats <= limit
+        and not waiting_at_or_above(rank) then
       add_lease(id, tenant, seats, pod)
       answer = 'g'
     elseif rank > WAITING_RANKS then
       answer = 'no_wait'
+    elseif action == 'requeue' then
+      enqueue(id, tenant, rank, seats, now + wait_ms)
+      answer = 'q'
     else
       local full = nwait >= max_queue
       if action == 'reject' then
@@ -421,10 +728,13 @@ end
 
 if inflight ~= inflight_before then redis.call('HSET', S, 'inflight', inflight) end
 
-local learning_ms = 0
-if learning() then learning_ms = learn_until - now end
+local roster_text = ''
+if told_roster then roster_text = roster() end
 return {
-  limit, inflight, nwait, epoch, seq, redis.call('ZCOUNT', PODS, now, '+inf'), learning_ms,
+  limit, inflight, nwait, epoch, seq, redis.call('ZCOUNT', PODS, now, '+inf'), roll_ms(),
   table.concat(answers, ' '), table.concat(cancelled, ' '), reasserted,
   table.concat(missed, ' '), table.concat(lost, ' '), table.concat(own_notes, ' '),
+  now, mver, told_roster and 1 or 0, roster_text,
+  (not rolls or redis.call('SISMEMBER', ASSERTED, pod) == 1) and 1 or 0,
+  table.concat(confirmed, ' '), relearn or '',
 }

@@ -6,9 +6,11 @@ is the only place that knows that order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import redis.exceptions
 
 Arg = str | int | float
 
@@ -40,11 +42,20 @@ class Batch:
     """Everything one pod has to tell Redis, gathered while the previous call was in flight."""
 
     config: PodConfig | None = None
-    relearn: bool = False
+    recover: bool = False
+    """This pod is back from its failure mode: open a roll call if none is open."""
     heartbeat: bool = False
+    reassert: bool = False
+    """With the heartbeat, this pod's roster: it answers the current roll call."""
+    leave: bool = False
+    """This pod is shutting down: the others drop it from their rosters."""
+    ping: bool = False
+    """Nothing to say but the header: hear the pool's news (membership, a roll call)."""
     set_limit: int | None = None
     releases: list[str] = field(default_factory=list)
     cancels: list[str] = field(default_factory=list)
+    confirms: list[str] = field(default_factory=list)
+    """Grants this pod read too late to trust: does each lease still hold?"""
     acquires: list[AcquireOp] = field(default_factory=list)
     checked: bool = False
     """Some acquires may already be known to Redis (a retry, a waiter handed back):
@@ -53,13 +64,22 @@ class Batch:
     def __bool__(self) -> bool:
         return bool(
             self.config is not None
-            or self.relearn
+            or self.recover
             or self.heartbeat
+            or self.reassert
+            or self.leave
+            or self.ping
             or self.set_limit is not None
             or self.releases
             or self.cancels
+            or self.confirms
             or self.acquires
         )
+
+    def flags(self) -> str:
+        """The call's flags as ``step.lua`` reads them (ARGV 10)."""
+        names = ("heartbeat", "reassert", "recover", "leave")
+        return " ".join(name for name in names if getattr(self, name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +92,21 @@ class Header:
     channel_prefix: str
     init_limit: int
     max_queue: int
+    mver: int
+    """The pool's membership version this pod last heard the roster of (-1: none yet)."""
+    probe: bool
+    """Compare Redis' run_id with the pool's: on heartbeats and on fresh connections."""
+    seen: tuple[str, int] | None
+    """The latest (epoch, seq) this pod saw: Redis behind it means a failover lost writes."""
 
 
 #: Index in ARGV of the flag saying a call may have run before (set on retries).
 RETRIED = 6
+#: Index in ARGV of the flag asking the script to compare Redis' run_id (set on retries).
+PROBE = 7
+#: Index in ARGV of the deadline past which the script must not run the call (ms, Redis'
+#: clock; 0 for none): set for each attempt, just before it is sent.
+DEADLINE = 20
 
 
 def encode(
@@ -83,9 +114,11 @@ def encode(
     batch: Batch,
     leases: Sequence[tuple[str, str, int]] = (),
     waiters: Sequence[str] = (),
+    roster: Mapping[str, int] | None = None,
 ) -> list[Arg]:
     """ARGV for one call; ``leases`` (id, tenant, seats) and ``waiters`` (ids) are the
-    heartbeat's report of what this pod holds, sent only when ``batch.heartbeat``.
+    heartbeat's report of what this pod holds, sent only when ``batch.heartbeat``;
+    ``roster`` (pod id → liveness, Redis ms) the pods it knows, sent with ``reassert``.
 
     Each section is one space-separated string: ids and escaped tenants contain no
     spaces, and one argument per section keeps packing and parsing cheap on both sides.
@@ -103,9 +136,12 @@ def encode(
         config = " ".join(parts)
     held = ""
     waiting = ""
+    known = ""
     if batch.heartbeat:
         held = " ".join(f"{lease} {tenant} {seats}" for lease, tenant, seats in leases)
         waiting = " ".join(waiters)
+    if batch.reassert and roster:
+        known = " ".join(f"{pod} {alive_until}" for pod, alive_until in roster.items())
     acquires = " ".join(
         f"{op.id} {op.tenant} {op.rank} {op.seats} {op.action} {op.wait_ms}"
         for op in batch.acquires
@@ -118,37 +154,64 @@ def encode(
         header.init_limit,
         header.max_queue,
         1 if batch.checked else 0,
+        1 if header.probe else 0,
+        header.mver,
+        "" if header.seen is None else f"{header.seen[0]} {header.seen[1]}",
+        batch.flags(),
         config,
-        1 if batch.relearn else 0,
-        1 if batch.heartbeat else 0,
         held,
         waiting,
+        known,
         -1 if batch.set_limit is None else batch.set_limit,
         " ".join(batch.releases),
         " ".join(batch.cancels),
+        " ".join(batch.confirms),
         acquires,
+        0,
     ]
 
 
 @dataclass(frozen=True, slots=True)
 class Note:
-    """A message to a pod about one of its waiters: granted (``reason`` None) or dropped."""
+    """A message to a pod about one of its waiters: granted (``reason`` None) or dropped.
+
+    ``expires`` is a grant's lease expiry on Redis' clock (ms), when the grant said it:
+    a pod that reads the grant later than that can trust confirms it first.
+    """
 
     id: str
     reason: str | None = None
+    expires: int | None = None
 
 
-def parse_notes(tokens: Sequence[str]) -> list[Note]:
-    """``g:<id>`` (granted) and ``x:<reason>:<id>`` (dropped), as published or returned."""
+@dataclass(frozen=True, slots=True)
+class News:
+    """What a pod's channel said besides its waiters' notes."""
+
+    roll_call: bool = False
+    """A roll call is open: re-assert what this pod holds (``e``)."""
+    membership: bool = False
+    """A pod joined or left: hear the new roster (``m``)."""
+
+
+def parse_notes(tokens: Sequence[str]) -> tuple[list[Note], News]:
+    """``g:<id>:<expiry>`` (granted), ``x:<reason>:<id>`` (dropped), ``e`` and ``m``
+    (news), as published or returned."""
     notes = []
+    roll_call = membership = False
     for token in tokens:
         kind, _, rest = token.partition(":")
         if kind == "g":
-            notes.append(Note(rest))
+            waiter, _, expires = rest.partition(":")
+            notes.append(Note(waiter, expires=int(expires) if expires.isdigit() else None))
         elif kind == "x":
             reason, _, waiter = rest.partition(":")
             notes.append(Note(waiter, reason))
-    return notes
+        elif kind == "e":
+            roll_call = True
+        elif kind == "m":
+            membership = True
+    return notes, News(roll_call, membership)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,11 +237,32 @@ class StepReply:
     """Waiters of this pod Redis no longer has (dropped while the pod was not heard from)."""
     notes: list[Note]
     """Grants and drops of this pod's waiters decided during this call."""
+    now_ms: int
+    """Redis' clock when the call ran."""
+    mver: int
+    """The pool's membership version."""
+    roster: dict[str, int] | None
+    """Live pods → liveness (Redis ms), when the call told it (heartbeats, and whenever
+    the pod's version was behind); None otherwise."""
+    asserted: bool
+    """This pod has answered the current roll call (always true with roll calls off)."""
+    confirmed: list[str]
+    """Per confirmation: ``y`` the lease still holds, ``n`` it is gone."""
+    new_epoch: str
+    """Why this call started a new epoch: ``lost`` (Redis had no pool), ``seq`` (the pool
+    was behind what this pod saw), ``runid`` (another Redis server answers); else empty."""
+
+
+class LateCall(redis.exceptions.ResponseError):
+    """Redis ran the call after its deadline, and therefore changed nothing."""
 
 
 def decode(raw: Any) -> StepReply:
+    if len(raw) == 1:
+        raise LateCall("Redis reached the call after the pod had given up on it")
     (limit, inflight, queued, epoch, seq, pods, learning, answers, cancelled, reasserted,
-     missed, lost, notes) = raw  # fmt: skip
+     missed, lost, notes, now_ms, mver, told, roster, asserted, confirmed, why) = raw  # fmt: skip
+    own, _ = parse_notes(_text(notes).split())
     return StepReply(
         limit=int(limit),
         inflight=int(inflight),
@@ -192,8 +276,19 @@ def decode(raw: Any) -> StepReply:
         reasserted=int(reasserted),
         missed=_text(missed).split(),
         lost=_text(lost).split(),
-        notes=parse_notes(_text(notes).split()),
+        notes=own,
+        now_ms=int(now_ms),
+        mver=int(mver),
+        roster=_roster(_text(roster)) if int(told) else None,
+        asserted=bool(int(asserted)),
+        confirmed=_text(confirmed).split(),
+        new_epoch=_text(why),
     )
+
+
+def _roster(text: str) -> dict[str, int]:
+    words = text.split()
+    return {pod: int(float(alive)) for pod, alive in zip(words[::2], words[1::2], strict=True)}
 
 
 def _text(value: Any) -> str:

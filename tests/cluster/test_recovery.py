@@ -1,0 +1,182 @@
+"""Cluster mode through the faults that used to blind it or let it overshoot, on real parts:
+three uvicorn pods, a real redis-server, and the simulated backend's own count of requests
+in flight as the ground truth.
+
+- A new pool, FLUSHALL, a Redis restart and a failover resume admissions at once: the
+  roll call closes as soon as every live pod has re-asserted, not after a timed window.
+- An outage longer than the lease TTL (Redis frozen, Redis out of memory) in ``local``
+  and ``closed`` modes ends without the backend seeing more than the limit.
+- A pod frozen past its TTL does not run the grants it reads when it wakes, and its
+  waiters Redis dropped meanwhile wait again instead of being answered ``evicted``.
+
+The stall bounds below are behaviour (a window of 7 to 9 s used to stop every admission),
+not speed: the p99 over many trials is measured by ``tests/bench/soak.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cluster.pods import Pods, SimBackend, drive
+from tests.cluster.steady import steady
+from tests.cluster.test_failures import Pool, backend_peak, background, released_all, wait_for
+from tests.redis_procs import RedisServer, TcpProxy
+
+LIMIT = 6
+TTL = 1.0  # heartbeats every 0.33 s
+STALL_BOUND_S = 1.5  # the target is 1 s at p99 (see the module docstring)
+
+
+def env(url: str, pool: str, **extra: object) -> dict[str, str]:
+    """Cluster settings with the default learning window (the roll call's fallback)."""
+    values = {
+        "OBLETH_REDIS_URL": url,
+        "OBLETH_POOL": pool,
+        "OBLETH_GLOBAL_MAX_IN_FLIGHT": str(LIMIT),
+        "OBLETH_LEASE_TTL_S": str(TTL),
+        "OBLETH_REDIS_RETRY_BUDGET_S": "0.3",
+        "OBLETH_TENANT_HEADER": "x-tenant",
+        "OBLETH_MAX_QUEUE": "5000",
+        "OBLETH_QUEUE_TIMEOUT_S": "30",
+    }
+    values.update({f"OBLETH_{k.upper()}": str(v) for k, v in extra.items()})
+    return values
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def test_a_new_pool_admits_its_first_request_at_once(
+    sim: SimBackend, redis_server: RedisServer, pool_name: str, logs: Path
+) -> None:
+    """A first deployment with the default learning window: the first request on the
+    first pod is answered in well under a second (it used to wait about 8 s)."""
+    sim.reset()
+    with Pods(3, sim.url, env=env(redis_server.url, pool_name), log_dir=logs) as pods:
+        started = time.monotonic()
+        answer = httpx.post(
+            pods[0].url + "/v1/completions",
+            json={"prompt": "first", "max_tokens": 2},
+            headers={"x-tenant": "t"},
+            trust_env=False,
+            timeout=15,
+        )
+        waited = time.monotonic() - started
+        assert answer.status_code == 200, answer.text
+        assert waited < STALL_BOUND_S, (waited, pods.log_tails())
+
+
+@pytest.mark.parametrize("fault", ["flushall", "restart", "failover"])
+def test_admissions_resume_at_once_when_redis_loses_the_pool(
+    sim: SimBackend, own_redis: RedisServer, pool_name: str, logs: Path, fault: str
+) -> None:
+    """Steady load on three pods; Redis loses the pool (FLUSHALL, a restart without
+    persistence, a failover to a replica that missed writes). Admissions resume within
+    the stall bound, and the backend never sees more than the limit."""
+    sim.reset()
+    with (
+        RedisServer(extra_args=("--replicaof", "127.0.0.1", str(own_redis.port))) as replica,
+        TcpProxy.to(own_redis) as proxy,
+    ):
+        url = proxy.url if fault == "failover" else own_redis.url
+        with Pods(3, sim.url, env=env(url, pool_name), log_dir=logs) as pods:
+            load = background(steady(pods.urls, duration_s=4.0, concurrency=24))
+            time.sleep(1.5)
+            fault_at = time.monotonic()
+            _lose_the_pool(fault, own_redis, replica, proxy)
+            timeline = load.result(timeout=30)
+            context = f"{timeline.summary()}\n{pods.log_tails()}"
+            assert backend_peak(sim) <= LIMIT, context
+            assert not timeline.failures, context
+            assert timeline.statuses[200] > 0
+            assert timeline.longest_gap(after=fault_at) < STALL_BOUND_S, context
+            released_all(pods)
+            Pool(replica if fault == "failover" else own_redis, pool_name).drains()
+
+
+def _lose_the_pool(fault: str, server: RedisServer, replica: RedisServer, proxy: TcpProxy) -> None:
+    if fault == "flushall":
+        with server.sync_client() as client:
+            client.flushall()
+    elif fault == "restart":
+        server.restart_empty()
+    else:
+        # the replica is promoted while writes go on, and the pods' address now leads to it
+        with replica.sync_client() as client:
+            client.execute_command("REPLICAOF", "NO", "ONE")
+        time.sleep(0.05)  # the old master takes writes the new one never sees
+        proxy.retarget(replica)
+
+
+@pytest.mark.parametrize("mode", ["local", "closed"])
+@pytest.mark.parametrize("outage", ["sigstop", "oom"])
+def test_an_outage_longer_than_the_ttl_ends_without_overshoot(
+    sim: SimBackend, own_redis: RedisServer, pool_name: str, logs: Path, mode: str, outage: str
+) -> None:
+    """Redis frozen, or refusing writes at maxmemory, for 2.5 lease TTLs under load: the
+    leases expire meanwhile and every pod admits on its own (``local``) or refuses
+    (``closed``). When Redis answers again, nothing is granted until every pod has written
+    back what it holds: the backend never sees more than the limit."""
+    sim.reset()
+    settings = env(own_redis.url, pool_name, redis_failure_mode=mode)
+    with Pods(3, sim.url, env=settings, log_dir=logs) as pods:
+        load = background(steady(pods.urls, duration_s=6.0, concurrency=24, max_tokens=20))
+        time.sleep(1.5)
+        if outage == "sigstop":
+            own_redis.pause()
+        else:
+            with own_redis.sync_client() as client:
+                client.config_set("maxmemory", 1)
+        try:
+            time.sleep(2.5 * TTL)
+        finally:
+            if outage == "sigstop":
+                own_redis.resume()
+            else:
+                with own_redis.sync_client() as client:
+                    client.config_set("maxmemory", 0)
+        timeline = load.result(timeout=30)
+        context = f"{timeline.summary()}\n{pods.log_tails()}"
+        assert backend_peak(sim) <= LIMIT, context
+        assert not timeline.failures, context
+        assert set(timeline.statuses) <= {200, 503}, context
+        assert set(timeline.error_codes) <= {"unavailable"}, context
+        wait_for(lambda: all(s["mode"] == "redis" for s in pods.stats()), 5, "recovery")
+        released_all(pods)
+        Pool(own_redis, pool_name).drains()
+
+
+def test_a_pod_frozen_past_its_ttl_runs_no_stale_grant_and_never_answers_evicted(
+    sim: SimBackend, redis_server: RedisServer, pool_name: str, logs: Path
+) -> None:
+    """Every pod has waiters queued in Redis; one is frozen (SIGSTOP) for 2.5 TTLs. The
+    grants published to it meanwhile expire unseen and their seats go to the others; when
+    it wakes it confirms each grant with Redis before running it, and queues again the
+    waiters Redis dropped. The backend never sees more than the limit, and the frozen
+    pod's clients get their answers, none of them ``evicted``."""
+    sim.reset()
+    with Pods(3, sim.url, env=env(redis_server.url, pool_name), log_dir=logs) as pods:
+        frozen = pods[0]
+        # requests of 0.4 s, shorter than a TTL: the seats the frozen pod ran are back
+        # at the backend before its leases expire, so any excess would be a stale grant
+        long = {"max_tokens": 200, "deadline_s": 30.0, "request_timeout_s": 20.0}
+        on_frozen = background(drive(pods.urls[:1], requests=40, concurrency=12, **long))  # type: ignore[arg-type]
+        others = background(drive(pods.urls[1:], requests=80, concurrency=24, **long))  # type: ignore[arg-type]
+        wait_for(lambda: sum(s["queued"] for s in pods.stats()) > 12, 10, "waiters queued")
+        frozen.pause()
+        time.sleep(2.5 * TTL)
+        frozen.resume()
+        frozen_load = on_frozen.result(timeout=60)
+        other_load = others.result(timeout=60)
+        context = f"{frozen_load.summary()}\n{other_load.summary()}\n{pods.log_tails()}"
+        assert backend_peak(sim) <= LIMIT, context
+        assert frozen_load.statuses == {200: 40}, context
+        assert other_load.statuses == {200: 80}, context
+        released_all(pods)
+        Pool(redis_server, pool_name).drains()
