@@ -31,13 +31,14 @@ TTL = 1.0  # heartbeats every 0.33 s
 STALL_BOUND_S = 1.5  # the target is 1 s at p99 (see the module docstring)
 
 
-def env(url: str, pool: str, **extra: object) -> dict[str, str]:
-    """Cluster settings with the default learning window (the roll call's fallback)."""
+def env(url: str, pool: str, *, ttl_s: float = TTL, **extra: object) -> dict[str, str]:
+    """Cluster settings with the default learning window (the roll call's fallback: two
+    heartbeats plus the retry budget, 7 s with the default TTL of 10 s)."""
     values = {
         "OBLETH_REDIS_URL": url,
         "OBLETH_POOL": pool,
         "OBLETH_GLOBAL_MAX_IN_FLIGHT": str(LIMIT),
-        "OBLETH_LEASE_TTL_S": str(TTL),
+        "OBLETH_LEASE_TTL_S": str(ttl_s),
         "OBLETH_REDIS_RETRY_BUDGET_S": "0.3",
         "OBLETH_TENANT_HEADER": "x-tenant",
         "OBLETH_MAX_QUEUE": "5000",
@@ -55,10 +56,11 @@ def logs(tmp_path: Path) -> Path:
 def test_a_new_pool_admits_its_first_request_at_once(
     sim: SimBackend, redis_server: RedisServer, pool_name: str, logs: Path
 ) -> None:
-    """A first deployment with the default learning window: the first request on the
-    first pod is answered in well under a second (it used to wait about 8 s)."""
+    """A first deployment with the default TTL and learning window: the first request on
+    the first pod is answered in well under a second (it used to wait about 8 s)."""
     sim.reset()
-    with Pods(3, sim.url, env=env(redis_server.url, pool_name), log_dir=logs) as pods:
+    settings = env(redis_server.url, pool_name, ttl_s=10)
+    with Pods(3, sim.url, env=settings, log_dir=logs) as pods:
         started = time.monotonic()
         answer = httpx.post(
             pods[0].url + "/v1/completions",
@@ -76,16 +78,17 @@ def test_a_new_pool_admits_its_first_request_at_once(
 def test_admissions_resume_at_once_when_redis_loses_the_pool(
     sim: SimBackend, own_redis: RedisServer, pool_name: str, logs: Path, fault: str
 ) -> None:
-    """Steady load on three pods; Redis loses the pool (FLUSHALL, a restart without
-    persistence, a failover to a replica that missed writes). Admissions resume within
-    the stall bound, and the backend never sees more than the limit."""
+    """Steady load on three pods with the default TTL and learning window; Redis loses the
+    pool (FLUSHALL, a restart without persistence, a failover to a replica that missed
+    writes). Admissions resume within the stall bound (they used to stop for the 7 s
+    window), and the backend never sees more than the limit."""
     sim.reset()
     with (
         RedisServer(extra_args=("--replicaof", "127.0.0.1", str(own_redis.port))) as replica,
         TcpProxy.to(own_redis) as proxy,
     ):
         url = proxy.url if fault == "failover" else own_redis.url
-        with Pods(3, sim.url, env=env(url, pool_name), log_dir=logs) as pods:
+        with Pods(3, sim.url, env=env(url, pool_name, ttl_s=10), log_dir=logs) as pods:
             load = background(steady(pods.urls, duration_s=4.0, concurrency=24))
             time.sleep(1.5)
             fault_at = time.monotonic()

@@ -46,6 +46,7 @@ from gateway.backends.redis.wire import (
     AcquireOp,
     Batch,
     Header,
+    LateCall,
     News,
     Note,
     PodConfig,
@@ -423,7 +424,6 @@ class RedisBackend:
         batch, self._batch = self._batch, Batch()
         ops, self._ops = self._ops, []
         args = encode(self._header(batch), batch, *self._heartbeat_report(batch))
-        sent_at = self._clock.sent()
         try:
             reply = await self._call(args, retry=retry)
         except RedisUnavailable as exc:
@@ -434,16 +434,13 @@ class RedisBackend:
             self._requeue(batch, stranded)
             self._degrade(exc, stranded)
             return
-        self._clock.observe(reply.now_ms, sent_at)
         self._apply(batch, ops, reply)
 
     async def _call(self, args: list[Any], *, retry: bool) -> StepReply:
         """One call; on a connection error or an error reply (``FAILED``), retries with
         backoff within the budget, then raises ``RedisUnavailable``."""
-        self.calls += 1
         try:
-            args[DEADLINE] = self._clock.deadline_ms(self._call_timeout_s)
-            return await self._script(args)
+            return await self._attempt(args)
         except FAILED as exc:
             if not retry:
                 raise RedisUnavailable(_failure(exc)) from exc
@@ -459,12 +456,25 @@ class RedisBackend:
                 reraise=True,
             ):
                 with attempt:
-                    self.calls += 1
-                    args[DEADLINE] = self._clock.deadline_ms(self._call_timeout_s)
-                    return await self._script(args)
+                    return await self._attempt(args)
         except FAILED as exc:
             raise RedisUnavailable(_failure(exc)) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _attempt(self, args: list[Any]) -> StepReply:
+        """One try of one call, with a deadline past which Redis must not run it (this pod
+        stops waiting then); every answer, a refusal as late included, tells the pod
+        where Redis' clock is."""
+        self.calls += 1
+        sent_at = self._clock.sent()
+        args[DEADLINE] = self._clock.deadline_ms(self._call_timeout_s)
+        try:
+            reply = await self._script(args)
+        except LateCall as late:
+            self._clock.observe(late.now_ms, sent_at)
+            raise
+        self._clock.observe(reply.now_ms, sent_at)
+        return reply
 
     def _header(self, batch: Batch) -> Header:
         return Header(
@@ -488,7 +498,9 @@ class RedisBackend:
             return [], [], {}
         leases = [(lid, escape_tenant(t.tenant), t.seats) for lid, t in self._held.items()]
         roster = {pod: alive for pod, alive in self._roster.items() if pod != self.pod}
-        return leases, sorted(self._confirmed), roster
+        # a grant being confirmed is reported like a waiter: if its lease holds, the
+        # heartbeat renews it and reports it missed, which runs it
+        return leases, sorted(self._confirmed | self._confirming), roster
 
     def _requeue(self, batch: Batch, ops: list[_Op]) -> None:
         """Keep what Redis must still hear after a failed call: releases, cancels, the
@@ -813,14 +825,12 @@ class RedisBackend:
         assert fallback is not None
         batch, self._batch = self._batch, Batch()
         args = encode(self._header(batch), batch, *self._heartbeat_report(batch))
-        sent_at = self._clock.sent()
         try:
             reply = await self._call(args, retry=False)
         except RedisUnavailable:
             self._requeue(batch, [])
             fallback.share = self._local_share()
             return
-        self._clock.observe(reply.now_ms, sent_at)
         # the reply is applied while the failure mode still holds its waiters: a grant it
         # carries for one of them is for a waiter this very call cancelled (see _on_note)
         self._apply(batch, [], reply, recovering=True)

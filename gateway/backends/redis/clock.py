@@ -1,27 +1,40 @@
-"""This pod's running estimate of Redis' clock, to judge whether a grant can be trusted.
+"""This pod's running estimate of Redis' clock: bounds on it, from the pod's own replies.
 
-A grant carries its lease's expiry on Redis' clock (``TIME``). A pod that reads it late
-(it was frozen by ``SIGSTOP``, a long pause, an event loop held up) may be running it on a
-lease Redis has already reaped and given to another pod. Pod clocks are never compared
-with Redis' directly: the estimate is the pod's own monotonic clock plus the offset seen
-in its latest reply, taken from the moment the call was *sent*, so it never runs behind
-Redis' clock (it runs ahead by at most the call's round trip), and a late grant is never
-mistaken for a fresh one.
+Pod clocks are never compared with Redis' directly. Each reply carries Redis' ``TIME``
+when the call ran, and the pod knows, on its own monotonic clock, when it sent the call
+and when it read the reply; Redis' clock then was at most (its reading + the time since
+sending) and at least (its reading + the time since reading). Two uses:
+
+- **Trusting a grant.** A grant carries its lease's expiry on Redis' clock. A pod that
+  reads it late (frozen by ``SIGSTOP``, a long pause, a held-up event loop) may be
+  looking at a lease Redis has already reaped and given to another pod; the *upper*
+  bound says whether the lease certainly still holds.
+- **A deadline for a call.** A call Redis runs after its pod gave up waiting must change
+  nothing; the *lower* bound gives a deadline the call meets only while the pod still
+  waits.
+
+Every reply gives valid bounds, but one read late (the pod was frozen between Redis
+answering and the pod reading) gives a loose one; the tightest of the last few replies
+is used, so one late reading never sticks.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
+
+#: How many recent replies the bounds are taken from.
+_RECENT = 8
 
 
 class RedisClock:
-    """An upper bound of Redis' clock, in ms, from the replies this pod got."""
+    """Bounds on Redis' clock (ms) now, from the replies this pod got."""
 
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._monotonic = monotonic
-        self._offset_ms: float | None = None
-        self._low_offset_ms: float | None = None
+        # per reply: (Redis' reading - local time of sending, - local time of reading), ms
+        self._recent: deque[tuple[float, float]] = deque(maxlen=_RECENT)
 
     def sent(self) -> float:
         """The local time to pass to ``observe`` with the reply of a call sent now."""
@@ -29,22 +42,19 @@ class RedisClock:
 
     def observe(self, redis_ms: int, sent_at: float) -> None:
         """Redis answered ``redis_ms`` to a call sent at ``sent_at`` (from ``sent``)."""
-        self._offset_ms = redis_ms - sent_at * 1000
-        self._low_offset_ms = redis_ms - self._monotonic() * 1000
-
-    def deadline_ms(self, within_s: float) -> int:
-        """A deadline on Redis' clock that a call sent now meets only if Redis runs it
-        within ``within_s`` of now (it may be a little early, never late); 0 before the
-        first reply (no deadline)."""
-        if self._low_offset_ms is None:
-            return 0
-        return int(self._monotonic() * 1000 + self._low_offset_ms + within_s * 1000)
+        self._recent.append((redis_ms - sent_at * 1000, redis_ms - self._monotonic() * 1000))
 
     def upper_ms(self) -> float | None:
         """Redis' clock now, or a little ahead of it; None before the first reply."""
-        if self._offset_ms is None:
+        if not self._recent:
             return None
-        return self._monotonic() * 1000 + self._offset_ms
+        return self._monotonic() * 1000 + min(high for high, _ in self._recent)
+
+    def lower_ms(self) -> float | None:
+        """Redis' clock now, or a little behind it; None before the first reply."""
+        if not self._recent:
+            return None
+        return self._monotonic() * 1000 + max(low for _, low in self._recent)
 
     def outlives(self, expires_ms: int, margin_ms: float) -> bool:
         """Whether a lease expiring at ``expires_ms`` certainly lasts ``margin_ms`` more.
@@ -53,3 +63,10 @@ class RedisClock:
         """
         upper = self.upper_ms()
         return upper is not None and expires_ms - upper >= margin_ms
+
+    def deadline_ms(self, within_s: float) -> int:
+        """A deadline on Redis' clock that a call sent now meets only if Redis runs it
+        within ``within_s`` of now (it may come a little early, never late); 0 before
+        the first reply (no deadline)."""
+        lower = self.lower_ms()
+        return 0 if lower is None else int(lower + within_s * 1000)

@@ -60,7 +60,7 @@ end
 -- admitted seats that a re-assertion made here would leave uncounted
 local deadline = tonumber(ARGV[21])
 if deadline > 0 and now > deadline then
-  return { 'late' }
+  return { 'late', now }
 end
 
 local pod = ARGV[1]
@@ -560,6 +560,7 @@ await_caller()
 local reasserted, missed, lost = 0, {}, {}
 if flags.heartbeat then
   local held = words(ARGV[13]) -- "<id> <tenant> <seats>..."
+  local waiters = words(ARGV[14])
   for at = 1, #held, 3 do
     local id, tenant, seats = held[at], held[at + 1], tonumber(held[at + 2])
     if redis.call('ZADD', LEASES, 'XX', 'CH', now + ttl, id) == 0
@@ -568,13 +569,29 @@ if flags.heartbeat then
       reasserted = reasserted + 1
     end
   end
-  for _, id in ipairs(words(ARGV[14])) do
+  for _, id in ipairs(waiters) do
     if redis.call('HEXISTS', WMETA, id) == 0 then -- else: still waiting
       if redis.call('HEXISTS', LMETA, id) == 1 then
         redis.call('ZADD', LEASES, 'XX', now + ttl, id)
         missed[#missed + 1] = id
       else
         lost[#lost + 1] = id
+      end
+    end
+  end
+  if flags.reassert then
+    -- what the pod re-asserts is all it holds: a lease of its own that it neither holds
+    -- nor waits to hear of was given back where Redis did not see it (a failover lost
+    -- the release), and would otherwise keep its seat until it expires
+    local keep = {}
+    for at = 1, #held, 3 do keep[held[at]] = true end
+    for _, id in ipairs(waiters) do keep[id] = true end
+    local suffix = '|' .. pod
+    local all = redis.call('HGETALL', LMETA)
+    for at = 1, #all, 2 do
+      local id = all[at]
+      if not keep[id] and string.sub(all[at + 1], -#suffix) == suffix then
+        free_lease(id)
       end
     end
   end

@@ -254,12 +254,22 @@ class StepReply:
 
 
 class LateCall(redis.exceptions.ResponseError):
-    """Redis ran the call after its deadline, and therefore changed nothing."""
+    """Redis reached the call after its deadline, and therefore changed nothing.
+
+    ``now_ms`` is Redis' clock then: the pod's estimate of it was behind.
+    """
+
+    def __init__(self, now_ms: int) -> None:
+        super().__init__("Redis reached the call after the pod's deadline for it")
+        self.now_ms = now_ms
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.now_ms,))
 
 
 def decode(raw: Any) -> StepReply:
-    if len(raw) == 1:
-        raise LateCall("Redis reached the call after the pod had given up on it")
+    if len(raw) == 2:
+        raise LateCall(int(raw[1]))
     (limit, inflight, queued, epoch, seq, pods, learning, answers, cancelled, reasserted,
      missed, lost, notes, now_ms, mver, told, roster, asserted, confirmed, why) = raw  # fmt: skip
     own, _ = parse_notes(_text(notes).split())
