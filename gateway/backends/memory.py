@@ -7,9 +7,12 @@ a waiter sleeps on its own future until dispatch hands it seats.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
+from gateway.backends.siblings import Siblings, claim_listening_sockets
 from gateway.capacity import Capacity
 from gateway.core.admission import Granted, Queued, admit, dispatch
 from gateway.core.fairqueue import FairQueue, Waiter
@@ -17,6 +20,8 @@ from gateway.core.tickets import Ticket
 from gateway.errors import Rejected, RejectReason
 from gateway.protocols import OverflowPolicy, Pending, Permit, Snapshot, TenantState
 from gateway.settings import Settings
+
+log = logging.getLogger("obleth")
 
 
 class MemoryBackend:
@@ -31,13 +36,23 @@ class MemoryBackend:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self.free_seats = self._queue
+        self._siblings = Siblings()
 
     async def start(self) -> None:
+        """Open the seats; first, claim this process's listening sockets and log an error
+        when another process already serves them with a budget of its own."""
         self._loop = asyncio.get_running_loop()
+        if not self._siblings.addresses:
+            self._siblings = claim_listening_sockets()
+            others = self._siblings.pids()
+            if others:
+                log.error(self._shared_budget_message(others))
         self.free_seats.open = True
 
     async def stop(self) -> None:
         self.free_seats.open = False
+        self._siblings.release()
+        self._siblings = Siblings()
         for waiter in list(self._queue.waiters()):
             self._queue.remove(waiter)
             _fail(waiter, self._reject("unavailable"))
@@ -83,6 +98,13 @@ class MemoryBackend:
     def limit_changed(self) -> None:
         self._dispatch()
 
+    def shared_with_pids(self) -> tuple[int, ...]:
+        """The other processes serving this one's listening sockets now, each with an
+        in-process budget of its own (``uvicorn --workers``, gunicorn); sorted, empty when
+        none (or when this platform cannot tell, or before ``start()``). Reads ``/proc``:
+        for operators, not for the request path."""
+        return self._siblings.pids()
+
     def snapshot(self) -> Snapshot:
         queue = self._queue
         tenants = {
@@ -99,6 +121,21 @@ class MemoryBackend:
             queued=queue.queued,
             max_queue=queue.max_queue,
             tenants=tenants,
+        )
+
+    def _shared_budget_message(self, others: tuple[int, ...]) -> str:
+        """One line: who shares the socket, what it costs in numbers, and the fix."""
+        limit = self._limit()
+        processes = len(others) + 1
+        pids = f"pid{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
+        return (
+            f"{pids} and this process (pid {os.getpid()}) serve the same listening socket "
+            f"({', '.join(self._siblings.addresses)}), each with an in-process budget of its "
+            f"own: each admits up to {limit} requests in flight "
+            f"(global_max_in_flight={self._settings.global_max_in_flight}), so the backend "
+            f"may receive {limit} x {processes} = {limit * processes} at once, more if more "
+            "workers start. Set redis_url (OBLETH_REDIS_URL) so that all workers share one "
+            "budget, or run one worker per pod."
         )
 
     def _reject(self, reason: RejectReason) -> Rejected:
