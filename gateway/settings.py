@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from gateway.core.networks import ProxyListError, parse_networks
 from gateway.core.numbers import finite
 from gateway.core.tickets import PRIORITIES, Priority
 from gateway.core.weights import (
@@ -94,8 +95,9 @@ class Settings:
     redis_retry_budget_s: float = 1.0
     """How long a pod retries an unreachable Redis before ``redis_failure_mode`` applies."""
     learning_window_s: float | None = None
-    """After Redis lost its state, how long nothing new is granted while pods re-assert what
-    they hold; default two heartbeats plus ``redis_retry_budget_s``."""
+    """The longest a roll call lasts (after Redis lost count, nothing new is granted until
+    every pod has re-asserted what it holds); default two heartbeats plus
+    ``redis_retry_budget_s``; 0 turns roll calls off."""
     upstreams: tuple[Upstream, ...] = ()
     """Inference servers to route admitted requests to: base URLs, each optionally with the
     models it serves (``http://vllm-0:8000=llama-3|qwen``). Empty: no routing."""
@@ -138,6 +140,18 @@ class Settings:
     """Proxy: how long an upstream may take to start its response before the client gets 504."""
     upstream_read_timeout_s: float | None = 300.0
     """Proxy: the longest silence allowed inside a streamed response before it is cut."""
+    max_header_bytes: int = 64 * 1024
+    """``obleth serve``: the largest request line plus headers a client may send; a larger
+    head is answered 431 and its connection closed, and no more of it is kept in memory."""
+    client_header_timeout_s: float = 10.0
+    """``obleth serve``: how long a client may take to send a request's line and headers,
+    from the connection's opening (first request) or the request's first byte (later ones)."""
+    client_body_timeout_s: float = 30.0
+    """``obleth serve``: the longest a request body may pause while the gateway waits for
+    its next chunk; exceeded, 408 (if nothing was answered yet) and the connection closes."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Proxy: peers (IP addresses or CIDR networks) whose ``X-Forwarded-*`` and
+    ``Forwarded`` headers are believed and extended; from any other peer they are replaced."""
     env_names: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
     """The settings read from ``OBLETH_*`` variables (by ``from_env``; the others were given
     as keywords, such as a command's flags), so that errors name what the user wrote."""
@@ -619,6 +633,34 @@ def _env_optional_float(key: str, text: str) -> float | None:
     return _env_float(key, text) if text.strip() else None
 
 
+#: The smallest ``max_header_bytes``: a request line and a handful of ordinary headers.
+MIN_HEADER_BYTES = 1024
+
+
+def _check_header_bound(settings: Settings, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_HEADER_BYTES:
+        raise settings.error(
+            name,
+            value,
+            f"expected a number of bytes of at least {MIN_HEADER_BYTES}, e.g. 65536 (64 KiB)",
+        )
+    return value
+
+
+def _check_trusted_proxies(settings: Settings, name: str, value: Any) -> tuple[str, ...]:
+    """Each entry an IP address or a CIDR network, kept in its canonical spelling."""
+    if isinstance(value, str):
+        value = _env_list(name, value)
+    if not isinstance(value, list | tuple):
+        raise settings.error(
+            name, value, "expected IP addresses or networks like 10.0.0.0/8,192.168.1.7"
+        )
+    try:
+        return tuple(str(network) for network in parse_networks(value))
+    except ProxyListError as exc:
+        raise settings.error(name, exc.entry, str(exc)) from None
+
+
 def _spec(
     name: str, parse_env: Callable[[str, str], Any], check: Callable[[Settings, str, Any], Any]
 ) -> _Spec:
@@ -668,6 +710,10 @@ _SPECS: dict[str, _Spec] = {
         _spec("upstream_connect_timeout_s", _env_float, _check_seconds),
         _spec("upstream_response_timeout_s", _env_optional_float, _check_optional_seconds),
         _spec("upstream_read_timeout_s", _env_optional_float, _check_optional_seconds),
+        _spec("max_header_bytes", _env_int, _check_header_bound),
+        _spec("client_header_timeout_s", _env_float, _check_seconds),
+        _spec("client_body_timeout_s", _env_float, _check_seconds),
+        _spec("trusted_proxies", _env_list, _check_trusted_proxies),
     )
 }
 

@@ -11,8 +11,10 @@ from gateway.types import Send
 _ERROR_TYPES = {
     400: "invalid_request_error",
     404: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_exceeded",
+    431: "invalid_request_error",
     502: "server_error",
     503: "server_overloaded",
     504: "server_error",
@@ -29,6 +31,20 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
+def error_document(
+    status: int, message: str, *, code: str | None, param: str | None = None
+) -> dict[str, object]:
+    """The OpenAI-style error body every answer of the gateway's own carries, as a dict:
+    ``{"error": {"message", "type", "param", "code"}}``, ``type`` following ``status``."""
+    error = {
+        "message": message,
+        "type": _ERROR_TYPES.get(status, "error"),
+        "param": param,
+        "code": code,
+    }
+    return {"error": error}
+
+
 async def send_json_error(
     send: Send,
     status: int,
@@ -37,17 +53,16 @@ async def send_json_error(
     code: str | None,
     param: str | None = None,
     retry_after_s: float | None = None,
+    close: bool = False,
 ) -> None:
-    error = {
-        "message": message,
-        "type": _ERROR_TYPES.get(status, "error"),
-        "param": param,
-        "code": code,
-    }
+    """A complete OpenAI-style JSON error; with ``close``, the server is told to close the
+    connection after it (``Connection: close``)."""
     headers = []
     if retry_after_s is not None:
         headers.append((b"retry-after", str(max(1, math.ceil(retry_after_s))).encode()))
-    await send_json(send, status, {"error": error}, headers)
+    if close:
+        headers.append((b"connection", b"close"))
+    await send_json(send, status, error_document(status, message, code=code, param=param), headers)
 
 
 async def send_rejection(send: Send, rejected: Rejected) -> None:

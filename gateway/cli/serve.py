@@ -12,16 +12,15 @@ from typing import Any
 import uvicorn
 
 from gateway.asgi.middleware import GatewayMiddleware
-from gateway.asgi.responses import send_json
 from gateway.cli.server_flags import add_server_flags
 from gateway.errors import ConfigError
 from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
+from gateway.server import BodyTimeout, Probes, bounded_protocol
+from gateway.server.probes import HEALTH_PATH, METRICS_PATH, READY_PATH
 from gateway.settings import Settings
-from gateway.types import ASGIApp, Receive, Scope, Send
-
-HEALTH_PATH = "/healthz"
-READY_PATH = "/readyz"
+from gateway.telemetry.gauges import observe_gateway
+from gateway.telemetry.sdk import PrometheusExport, install_prometheus_export
 
 # flag -> setting; a flag left out keeps the OBLETH_* value or the default
 _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
@@ -49,8 +48,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Serve an OpenAI-compatible gateway: every request is admitted through the "
             "fair queue, routed to one of the upstreams and streamed back. Settings come "
             "from OBLETH_* variables; flags given here win over them. The gateway answers "
-            f"{HEALTH_PATH} (alive) and {READY_PATH} (an upstream is healthy and the queue is "
-            "below 80 % of its bound) itself."
+            f"{HEALTH_PATH} (alive), {READY_PATH} (an upstream is healthy and the queue is "
+            f"below 80 % of its bound) and {METRICS_PATH} (Prometheus text) itself."
         ),
     )
     parser.add_argument(
@@ -103,19 +102,47 @@ def _naming_flags(overrides: dict[str, Any]) -> Iterator[None]:
         raise ConfigError(flag, exc.value, exc.expected) from None
 
 
-def build_app(settings: Settings) -> _Probes:
-    """The standalone gateway as one ASGI app (what ``obleth serve`` runs)."""
+def build_app(settings: Settings, *, export: PrometheusExport | None = None) -> Probes:
+    """The standalone gateway as one ASGI app (what ``obleth serve`` runs): the probes and
+    ``/metrics``, then the body timeout, the gateway and the streaming proxy.
+
+    ``/metrics`` renders ``export`` (default: a private one, which holds the gateway's
+    gauges only); the gauges are registered with the host's provider too, if it has one.
+    Serve it with ``server_options(settings)`` for the bounds on request heads.
+    """
     if not settings.upstreams:
         raise settings.error(
             "upstreams", (), "obleth serve needs upstreams: --upstream http://vllm-0:8000 ..."
         )
+    if export is None:
+        export = PrometheusExport()
     gateway = Gateway(settings)
+    observe_gateway(gateway, export.provider)
+    if export.host_provider is not None:
+        observe_gateway(gateway, export.host_provider)
     proxy = ProxyApp(
         connect_timeout_s=settings.upstream_connect_timeout_s,
         response_timeout_s=settings.upstream_response_timeout_s,
         read_timeout_s=settings.upstream_read_timeout_s,
+        trusted_proxies=settings.trusted_proxies,
     )
-    return _Probes(GatewayMiddleware(proxy, gateway=gateway), gateway)
+    gated = GatewayMiddleware(proxy, gateway=gateway)
+    timed = BodyTimeout(gated, timeout_s=settings.client_body_timeout_s)
+    return Probes(timed, gateway, export.render)
+
+
+def server_options(settings: Settings) -> dict[str, Any]:
+    """The uvicorn options ``obleth serve`` owes to ``settings``: the HTTP protocol that
+    bounds request heads (``max_header_bytes``, ``client_header_timeout_s``), and no
+    rewriting of the client's address from ``X-Forwarded-For`` by uvicorn (by default it
+    believes 127.0.0.1): ``trusted_proxies`` alone says whose forwarding headers count."""
+    return {
+        "http": bounded_protocol(
+            max_header_bytes=settings.max_header_bytes,
+            header_timeout_s=settings.client_header_timeout_s,
+        ),
+        "proxy_headers": False,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = _overrides(args)
     with _naming_flags(overrides):
         settings = Settings.from_env(**overrides)
-        app = build_app(settings)
+        app = build_app(settings, export=install_prometheus_export())
     upstreams = ", ".join(str(u) for u in settings.upstreams)
     print(
         f"obleth serve: http://{args.host}:{args.port} -> {upstreams} "
@@ -138,29 +165,6 @@ def run(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         lifespan="on",
         timeout_graceful_shutdown=30,
+        **server_options(settings),
     )
     return 0
-
-
-class _Probes:
-    """Answers the liveness and readiness probes; everything else goes to the gateway."""
-
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
-        self.app = app
-        self.gateway = gateway
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path") if scope["type"] == "http" else None
-        if path == HEALTH_PATH:
-            await send_json(send, 200, {"status": "alive"})
-        elif path == READY_PATH:
-            readings = self.gateway.readings
-            healthy = [u for u in readings if readings.get(u).healthy]
-            snapshot = self.gateway.snapshot()
-            # a queue at 80 % of its bound sends a load balancer's traffic to other pods
-            backed_up = snapshot.max_queue > 0 and snapshot.queued >= 0.8 * snapshot.max_queue
-            ready = bool(healthy) and self.gateway.started and not backed_up
-            payload = {"healthy_upstreams": healthy, "queued": snapshot.queued}
-            await send_json(send, 200 if ready else 503, payload)
-        else:
-            await self.app(scope, receive, send)

@@ -8,6 +8,8 @@
     exchange.py   one request relayed both ways: streaming, disconnects, timeouts,
                   upstream failures and the one retry on the next-best upstream
     headers.py    which headers cross the proxy (not the hop-by-hop ones)
+    forwarding.py the X-Forwarded-* headers written for the upstream, and the peers
+                  (trusted proxies) whose own are believed
     client.py     the pooled HTTP client shared by all requests
 """
 

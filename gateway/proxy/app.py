@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 
 import httpx
 
 from gateway.asgi.responses import send_json_error
+from gateway.core.networks import ProxyListError, parse_networks
 from gateway.errors import ConfigError
 from gateway.proxy.client import upstream_client
 from gateway.proxy.exchange import RETRY_BODY_BYTES, forward
+from gateway.proxy.forwarding import TrustedProxies
 from gateway.proxy.upstream import (
     UpstreamChoice,
     parse_upstream,
@@ -30,8 +33,10 @@ class ProxyApp:
     """Forwards every HTTP request to an upstream and streams the answer back.
 
     Method, path, query string, headers (without hop-by-hop ones; ``host`` becomes the
-    upstream's) and body go to the upstream as the client sent them; status, headers and
-    body come back as the upstream sent them, chunk by chunk. ``gateway.proxy.exchange``
+    upstream's; ``X-Forwarded-For``, ``-Host`` and ``-Proto`` are this hop's, see
+    ``trusted_proxies``) and body go to the upstream as the client sent them; status,
+    headers and body come back as the upstream sent them, chunk by chunk.
+    ``gateway.proxy.exchange``
     says what happens when the client disconnects, when the upstream fails or is too slow
     (502/503/504 JSON errors before the response has started, a cut-short response after),
     and when a request is retried.
@@ -58,6 +63,9 @@ class ProxyApp:
     - ``retry_body_bytes``: a request body up to this size is held in memory so that the
       retry can send it again; a larger body is streamed and its request never retried.
     - ``max_connections``: upstream connections open at once, all upstreams together.
+    - ``trusted_proxies``: IP addresses or CIDR networks of the peers (load balancers,
+      other proxies) whose ``X-Forwarded-*`` and ``Forwarded`` headers are believed; see
+      ``gateway.proxy.forwarding`` for the headers every forwarded request carries.
 
     All requests share one HTTP client (see ``gateway.proxy.client``): lifespan startup
     opens it, lifespan shutdown closes it. Without a lifespan it opens on the first request
@@ -76,6 +84,7 @@ class ProxyApp:
         read_timeout_s: float | None = None,
         retry_body_bytes: int = RETRY_BODY_BYTES,
         max_connections: int = 1024,
+        trusted_proxies: Iterable[str] = (),
     ) -> None:
         if upstream is not None:
             parse_upstream(upstream)
@@ -88,6 +97,7 @@ class ProxyApp:
         self._read_timeout_s = _seconds_or_none("read_timeout_s", read_timeout_s)
         self._retry_body_bytes = _count("retry_body_bytes", retry_body_bytes, minimum=0)
         self._max_connections = _count("max_connections", max_connections, minimum=1)
+        self._trusted = _trusted("trusted_proxies", trusted_proxies)
         self._client: httpx.AsyncClient | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -161,6 +171,7 @@ class ProxyApp:
             retry_body_bytes=self._retry_body_bytes,
             response_timeout_s=self._response_timeout_s,
             read_timeout_s=self._read_timeout_s,
+            trusted_proxies=self._trusted,
         )
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -183,6 +194,7 @@ def proxy_to(
     read_timeout_s: float | None = None,
     retry_body_bytes: int = RETRY_BODY_BYTES,
     max_connections: int = 1024,
+    trusted_proxies: Iterable[str] = (),
 ) -> ProxyApp:
     """The streaming proxy to ``upstream``, ready to wrap:
     ``GatewayMiddleware(proxy_to("http://vllm-0:8000"))``. See ``ProxyApp``."""
@@ -193,6 +205,7 @@ def proxy_to(
         read_timeout_s=read_timeout_s,
         retry_body_bytes=retry_body_bytes,
         max_connections=max_connections,
+        trusted_proxies=trusted_proxies,
     )
 
 
@@ -211,6 +224,15 @@ def _seconds_or_none(option: str, value: float | None) -> float | None:
         return _seconds(option, value)
     except ConfigError as exc:
         raise ConfigError(option, value, f"{exc.expected}, or None for no limit") from None
+
+
+def _trusted(option: str, entries: Iterable[str]) -> TrustedProxies:
+    if isinstance(entries, str):
+        entries = [part for part in entries.split(",") if part.strip()]
+    try:
+        return TrustedProxies(parse_networks(entries))
+    except ProxyListError as exc:
+        raise ConfigError(option, exc.entry, str(exc)) from None
 
 
 def _count(option: str, value: int, *, minimum: int) -> int:

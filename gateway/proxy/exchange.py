@@ -48,7 +48,8 @@ import httpx
 
 from gateway.asgi.responses import send_json_error
 from gateway.errors import ConfigError, Disconnected
-from gateway.proxy.headers import to_client, to_upstream
+from gateway.proxy.forwarding import TrustedProxies, upstream_headers
+from gateway.proxy.headers import to_client
 from gateway.proxy.upstream import Reroutable, parse_upstream, target_url
 from gateway.types import Message, Receive, Scope, Send
 
@@ -56,6 +57,8 @@ log = logging.getLogger("obleth.proxy")
 
 RETRY_BODY_BYTES = 8 * 1024 * 1024
 """Default bound on the request body held in memory so that a retry can send it again."""
+
+_NOBODY = TrustedProxies()
 
 # Failures before the response headers after which another upstream has a better chance.
 _WORTH_RETRYING = (httpx.ConnectTimeout, httpx.NetworkError, httpx.RemoteProtocolError)
@@ -72,12 +75,14 @@ async def forward(
     retry_body_bytes: int = RETRY_BODY_BYTES,
     response_timeout_s: float | None = None,
     read_timeout_s: float | None = None,
+    trusted_proxies: TrustedProxies | None = None,
 ) -> None:
     """Send the HTTP request of ``scope`` to ``url`` with ``client``; relay the answer.
 
     ``route``, the router's handle on this request, allows the one retry described in the
     module docstring for a body of at most ``retry_body_bytes``. The timeouts are seconds,
-    None for no limit.
+    None for no limit. ``trusted_proxies`` are the peers whose forwarding headers are
+    believed (see ``gateway.proxy.forwarding``); None trusts nobody.
     """
     inbound = _Inbound(receive)
     try:
@@ -87,7 +92,8 @@ async def forward(
     # only a body held whole, within the bound, can be sent a second time
     if isinstance(content, _Inbound) or len(content or b"") > retry_body_bytes:
         route = None
-    upstream = _Upstream(client, scope, content, response_timeout_s)
+    trusted = trusted_proxies if trusted_proxies is not None else _NOBODY
+    upstream = _Upstream(client, scope, content, response_timeout_s, trusted)
     relay = asyncio.ensure_future(_relay(upstream, url, route, _ClientSend(send), read_timeout_s))
     watch = asyncio.ensure_future(inbound.disconnected())
     try:
@@ -192,8 +198,8 @@ class _ClientSend:
 
 
 class _Upstream:
-    """The client's request as upstreams get it: the same method, path, query, headers and
-    body, to whichever upstream it is sent."""
+    """The client's request as upstreams get it: the same method, path, query, headers
+    (with this hop's forwarding headers) and body, to whichever upstream it is sent."""
 
     def __init__(
         self,
@@ -201,11 +207,12 @@ class _Upstream:
         scope: Scope,
         content: bytes | _Inbound | None,
         response_timeout_s: float | None,
+        trusted: TrustedProxies,
     ) -> None:
         self._client = client
         self._scope = scope
         self._method: str = scope["method"]
-        self._headers = to_upstream(scope["headers"])
+        self._headers = upstream_headers(scope, trusted)
         self._content = content
         self._response_timeout_s = response_timeout_s
 

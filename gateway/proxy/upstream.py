@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
-from urllib.parse import quote, unquote_to_bytes
+from urllib.parse import quote
 
 import httpx
 
@@ -101,10 +101,12 @@ def unforwardable_path(scope: Scope) -> str | None:
     """Why the request target of ``scope`` cannot be forwarded, or None when it can.
 
     A target that is no path (``OPTIONS *``, an authority) names no resource of an
-    upstream. A path with a ``.`` or ``..`` segment, written out or percent-escaped
-    (``%2e%2e``), would be resolved on the way (by the HTTP client, or by an upstream that
-    decodes first) and could climb out of the path an upstream's base URL puts in front of
-    it: it is refused rather than resolved, and a client sends the path it means.
+    upstream. A path with a ``.`` or ``..`` segment would be resolved on the way (by the
+    HTTP client, or by an upstream that decodes first) and could climb out of the path an
+    upstream's base URL puts in front of it: it is refused rather than resolved, and a
+    client sends the path it means. Segments are what lies between ``/`` or ``\\`` (some
+    servers take a backslash for a slash) once ``%2e``, ``%2f`` and ``%5c`` (either case)
+    are decoded, so ``/v1/..%2f..%2fstats`` and ``/v1/%2e%2e\\admin`` are refused too.
     """
     path: bytes = scope.get("raw_path") or (scope.get("path") or "").encode("latin-1")
     if not path.startswith(b"/"):
@@ -112,15 +114,35 @@ def unforwardable_path(scope: Scope) -> str | None:
             f"the request target {path.decode('latin-1')[:100]!r} is not a path; the gateway "
             "forwards requests for paths such as /v1/completions"
         )
-    if b"." not in path and b"%" not in path:
-        return None  # most paths: no dot, written or escaped, to look at
-    segments = {unquote_to_bytes(segment) for segment in path.split(b"/")}
-    if b".." in segments or b"." in segments:
+    if b"." not in path and b"%" not in path and b"\\" not in path:
+        return None  # most paths: no dot, written or escaped, and no backslash to look at
+    if _has_dot_segment(path):
         return (
             f"the path {path.decode('latin-1')[:100]!r} has a '.' or '..' segment, which the "
             "gateway does not forward; send the path it stands for"
         )
     return None
+
+
+# What an upstream may decode before it splits a path into segments: the escapes of the
+# dot, the slash and the backslash. Decoding yields none of '%', '2', '5' or a hex letter,
+# so one pass of replacements cannot make a new escape.
+_SEGMENT_ESCAPES = (
+    (b"%2e", b"."),
+    (b"%2E", b"."),
+    (b"%2f", b"/"),
+    (b"%2F", b"/"),
+    (b"%5c", b"/"),
+    (b"%5C", b"/"),
+    (b"\\", b"/"),
+)
+
+
+def _has_dot_segment(path: bytes) -> bool:
+    for escape, meaning in _SEGMENT_ESCAPES:
+        path = path.replace(escape, meaning)
+    segments = set(path.split(b"/"))
+    return b"." in segments or b".." in segments
 
 
 def target_url(base: httpx.URL, scope: Scope) -> httpx.URL:

@@ -327,15 +327,21 @@ async def _raw_request(url: str, request_line: str, tag: dict[str, str]) -> byte
         ("GET /v1/a/../b HTTP/1.1", "has a '.' or '..' segment"),
         ("GET /v1/./models HTTP/1.1", "has a '.' or '..' segment"),
         ("GET /v1/%2e%2e/%2E%2e/admin HTTP/1.1", "has a '.' or '..' segment"),
+        ("GET /v1/..%2f..%2fstats HTTP/1.1", "has a '.' or '..' segment"),
+        ("GET /v1/%2E%2E%2F%2e%2E%2Fstats HTTP/1.1", "has a '.' or '..' segment"),
+        ("GET /v1/..%5c..%5Cstats HTTP/1.1", "has a '.' or '..' segment"),
+        ("GET /v1/..\\..\\stats HTTP/1.1", "has a '.' or '..' segment"),
+        ("GET /v1/models%2f.%2fx HTTP/1.1", "has a '.' or '..' segment"),
         ("OPTIONS * HTTP/1.1", "is not a path"),
     ],
 )
 async def test_a_target_that_could_leave_the_upstreams_path_is_refused_400(
     http: httpx.AsyncClient, upstream: Upstream, proxy: str, request_line: str, said: str
 ) -> None:
-    """Dot segments, written out or escaped, would be resolved on the way and could climb
-    out of the path an upstream's base URL puts in front; the request is answered 400 and
-    never forwarded."""
+    """Dot segments, written out or escaped, also behind an escaped slash or a backslash
+    that an upstream may decode first, would be resolved on the way and could climb out of
+    the path an upstream's base URL puts in front; the request is answered 400 and never
+    forwarded."""
     tag = new_id()
     answer = await _raw_request(proxy, request_line, tag)
     head, _, body = answer.partition(b"\r\n\r\n")
@@ -344,8 +350,8 @@ async def test_a_target_that_could_leave_the_upstreams_path_is_refused_400(
     assert error["code"] == "invalid_path" and said in error["message"]
     assert tag[TEST_ID] not in upstream.recorder.seen
     # a dot that is part of a segment is no dot segment: it goes as sent
-    dotted = await http.get(f"{proxy}/v1/a.b/%2e..%2e", headers=tag)
-    assert upstream.recorder.seen[tag[TEST_ID]].raw_path == b"/v1/a.b/%2e..%2e"
+    dotted = await http.get(f"{proxy}/v1/a.b/%2e..%2e%2f...%5c.x", headers=tag)
+    assert upstream.recorder.seen[tag[TEST_ID]].raw_path == b"/v1/a.b/%2e..%2e%2f...%5c.x"
     assert dotted.status_code == 404
 
 

@@ -1,4 +1,5 @@
-"""Stand-ins for the proxy's neighbours: upstreams that fail on cue, and a router's route.
+"""Stand-ins for the proxy's neighbours: upstreams that fail on cue or echo what they got,
+and a router's route.
 
 The upstreams are ASGI apps for ``serve_in_task(app, lifespan="off")``: real HTTP servers
 on loopback whose failures are scripted. ``FakeRoute`` stands in for the router's
@@ -8,11 +9,12 @@ decision object (``gateway.proxy.Reroutable``); ``routed`` puts it where a route
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -215,3 +217,56 @@ async def breaks_after_first_chunk(scope: Scope, receive: Receive, send: Send) -
     await send({"type": "http.response.start", "status": 200, "headers": SSE})
     await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
     # returning unfinished makes uvicorn close the connection mid-body
+
+
+class Echo:
+    """An upstream that answers every request 200 with what it received, as JSON:
+    ``method``, ``raw_path``, ``headers`` (``[name, value]`` pairs, as sent) and
+    ``body_bytes``; ``/metrics`` gets an empty Prometheus page, so a gateway polling it
+    sees a healthy upstream. A request for ``/hold`` waits (up to ``WAIT_S``) for
+    ``release`` before it answers, holding its seat at the gateway meanwhile.
+
+    ``received`` keeps the ``x-test-id`` header of every request answered.
+    """
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.received: list[str] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        size = 0
+        while True:
+            message = await receive()
+            size += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        if scope["path"] == "/metrics":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if scope["path"] == "/hold":
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(WAIT_S):
+                    await self.release.wait()
+        headers = [
+            [name.decode("latin-1"), value.decode("latin-1")] for name, value in scope["headers"]
+        ]
+        tags = [value for name, value in headers if name == "x-test-id"]
+        self.received.extend(tags)
+        answer = {
+            "method": scope["method"],
+            "raw_path": scope["raw_path"].decode("latin-1"),
+            "headers": headers,
+            "body_bytes": size,
+        }
+        body = json.dumps(answer).encode()
+        head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": body})
+
+
+def header_values(answer: dict[str, Any], name: str) -> list[str]:
+    """The values of header ``name`` (lower case) in an ``Echo`` answer, in order."""
+    return [value for header, value in answer["headers"] if header == name]
