@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -57,6 +59,10 @@ log = logging.getLogger("obleth.proxy")
 
 RETRY_BODY_BYTES = 8 * 1024 * 1024
 """Default bound on the request body held in memory so that a retry can send it again."""
+
+HANG_UP_S = 1.0
+"""How long, after the client left mid-response, the upstream has to close its side of the
+connection before the proxy closes it regardless (see ``_hang_up``)."""
 
 _NOBODY = TrustedProxies()
 
@@ -94,10 +100,16 @@ async def forward(
         route = None
     trusted = trusted_proxies if trusted_proxies is not None else _NOBODY
     upstream = _Upstream(client, scope, content, response_timeout_s, trusted)
-    relay = asyncio.ensure_future(_relay(upstream, url, route, _ClientSend(send), read_timeout_s))
+    client_send = _ClientSend(send)
+    relay = asyncio.ensure_future(_relay(upstream, url, route, client_send, read_timeout_s))
     watch = asyncio.ensure_future(inbound.disconnected())
     try:
         await asyncio.wait((relay, watch), return_when=asyncio.FIRST_COMPLETED)
+        if not relay.done():
+            # the client left mid-response: the seat this request holds is given back once
+            # the upstream has dropped the request too, not while it still runs it
+            client_send.gone = True
+            await upstream.hang_up(relay)
     finally:
         # After a disconnect this cancels the relay wherever it is, and the HTTP client
         # closes the upstream connection it was using; after a normal end it does nothing.
@@ -183,12 +195,14 @@ class _ClientSend:
 
     The ASGI spec lets a server raise an ``OSError`` subclass when ``send`` is called after
     the client left (uvicorn drops the message instead); either way the exchange just ends.
+    ``gone`` is set once the client is known to have left.
     """
 
-    __slots__ = ("_send",)
+    __slots__ = ("_send", "gone")
 
     def __init__(self, send: Send) -> None:
         self._send = send
+        self.gone = False
 
     async def __call__(self, message: Message) -> None:
         try:
@@ -215,6 +229,28 @@ class _Upstream:
         self._headers = upstream_headers(scope, trusted)
         self._content = content
         self._response_timeout_s = response_timeout_s
+        #: the response being relayed, while it is
+        self.response: httpx.Response | None = None
+
+    async def hang_up(self, relay: asyncio.Future[None]) -> None:
+        """Tell the upstream the client is gone, by ending our side of the connection of
+        the response being relayed, and wait at most ``HANG_UP_S`` for ``relay`` to end:
+        it does once the upstream has dropped the request and closed its side (what the
+        upstream sends meanwhile is relayed to nobody). Without a response yet there is
+        no connection of this request's own to end: the caller closes it."""
+        response = self.response
+        stream = None if response is None else response.extensions.get("network_stream")
+        sock = None if stream is None else stream.get_extra_info("socket")
+        if sock is None or sock.fileno() < 0:
+            return
+        try:
+            # on a duplicate of the descriptor: uvloop's transports hand out sockets that
+            # may not be shut down themselves, and a shutdown acts on the connection
+            with socket.socket(fileno=os.dup(sock.fileno())) as ours:
+                ours.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
+        await asyncio.wait((relay,), timeout=HANG_UP_S)
 
     def url_on(self, base: httpx.URL) -> httpx.URL:
         """Where the request goes on the upstream at ``base``."""
@@ -242,7 +278,8 @@ class _Upstream:
             request.extensions["trace"] = _start_when_written(deadline, self._response_timeout_s)
         try:
             async with deadline:
-                return await self._client.send(request, stream=True)
+                self.response = await self._client.send(request, stream=True)
+                return self.response
         except httpx.TransportError as exc:
             return exc
         except TimeoutError:
@@ -272,7 +309,7 @@ async def _relay(
     upstream: _Upstream,
     url: httpx.URL,
     route: Reroutable | None,
-    send: Send,
+    send: _ClientSend,
     read_timeout_s: float | None,
 ) -> None:
     outcome = await upstream.send_to(url)
@@ -330,7 +367,9 @@ async def _discard(outcome: httpx.Response | httpx.TransportError) -> None:
         await outcome.aclose()
 
 
-async def _stream_back(response: httpx.Response, send: Send, read_timeout_s: float | None) -> None:
+async def _stream_back(
+    response: httpx.Response, send: _ClientSend, read_timeout_s: float | None
+) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -346,7 +385,8 @@ async def _stream_back(response: httpx.Response, send: Send, read_timeout_s: flo
             async with asyncio.timeout(read_timeout_s):
                 chunk = await anext(chunks, None)
         except httpx.TransportError as exc:
-            _log_cut_short(response, _describe(exc))
+            if not send.gone:  # else the upstream closed because we told it to
+                _log_cut_short(response, _describe(exc))
             return  # without the final message: the server closes the connection
         except TimeoutError:
             _log_cut_short(response, f"sent nothing for {read_timeout_s} s")

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gateway.sim.engine import SimEngine
 from gateway.sim.generation import EngineStopped, Generation
-from gateway.sim.stats import SimStats
+from gateway.sim.stats import Outcome, SimStats
 from gateway.sim.wire import (
     CompletionRequest,
     Endpoint,
@@ -50,25 +51,30 @@ class CompletionEndpoint:
         left = False
         status = 0
 
+        def leave(outcome: Outcome) -> None:
+            nonlocal left
+            if not left:
+                left = True
+                self._stats.request_left(outcome)
+
         async def counted_send(message: Message) -> None:
-            nonlocal left, status
+            nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
             await send(message)
             # Leave in the same loop step as the last send: the client cannot have a next
             # request processed before this one stops counting (see SimStats).
-            last = message["type"] == "http.response.body" and not message.get("more_body")
-            if last and not left:
-                left = True
-                self._stats.request_left("completed" if status == 200 else "failed")
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                leave("completed" if status == 200 else "failed")
 
         try:
-            await self._handle(scope, receive, counted_send)
+            await self._handle(scope, receive, counted_send, leave)
         finally:
-            if not left:
-                self._stats.request_left("disconnected")
+            leave("disconnected")
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _handle(
+        self, scope: Scope, receive: Receive, send: Send, leave: Callable[[Outcome], None]
+    ) -> None:
         body = await _read_body(receive)
         if body is None:
             return
@@ -83,10 +89,13 @@ class CompletionEndpoint:
             return
         generation = self._engine.submit(request.prompt_text, request.max_tokens)
         try:
+            # the request stops counting the moment the disconnect is seen, with its slot
+            # in the engine: no later than the client's side can hand its seat on
+            gone = functools.partial(_withdraw, generation, leave)
             if request.stream:
-                await _unless_disconnected(self._stream(request, generation, send), receive)
+                await _unless_disconnected(self._stream(request, generation, send), receive, gone)
             else:
-                await _unless_disconnected(self._respond(request, generation, send), receive)
+                await _unless_disconnected(self._respond(request, generation, send), receive, gone)
         finally:
             generation.cancel()
 
@@ -149,14 +158,22 @@ def _usage(generation: Generation) -> dict[str, Any]:
     )
 
 
-async def _unless_disconnected(work: Coroutine[Any, Any, None], receive: Receive) -> None:
-    """Run `work` to completion, or cancel it as soon as the client disconnects.
+def _withdraw(generation: Generation, leave: Callable[[Outcome], None]) -> None:
+    generation.cancel()
+    leave("disconnected")
+
+
+async def _unless_disconnected(
+    work: Coroutine[Any, Any, None], receive: Receive, gone: Callable[[], None]
+) -> None:
+    """Run `work` to completion, or cancel it as soon as the client disconnects; `gone` is
+    called in the very step the disconnect is seen.
 
     The ASGI server's `send` may silently drop messages after a disconnect (uvicorn's
     does), so a stream cannot rely on `send` failing; it has to watch `receive`.
     """
     worker = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_until_disconnected(receive))
+    watcher = asyncio.ensure_future(_until_disconnected(receive, gone))
     try:
         await asyncio.wait((worker, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -170,9 +187,10 @@ async def _unless_disconnected(work: Coroutine[Any, Any, None], receive: Receive
             raise error
 
 
-async def _until_disconnected(receive: Receive) -> None:
+async def _until_disconnected(receive: Receive, gone: Callable[[], None]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+    gone()
 
 
 async def _read_body(receive: Receive) -> bytes | None:
