@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import functools
 import json
@@ -30,11 +31,11 @@ import tempfile
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import httpx
 
@@ -43,6 +44,7 @@ from gateway.proxy.client import KEEPALIVE_EXPIRY_S
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 Stats = dict[str, Any]
+T = TypeVar("T")
 
 # How a server's log says that another process took its port between our choosing it and
 # the server binding it; the server is then started again on another port.
@@ -562,6 +564,14 @@ def _error_code(content: bytes) -> str | None:
     if not isinstance(error, dict) or not isinstance(error.get("message"), str):
         return None
     return str(error.get("code"))
+
+
+def background(coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Run a load coroutine on its own event loop in a thread, while the test makes faults."""
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    future = executor.submit(asyncio.run, coroutine)
+    executor.shutdown(wait=False)
+    return future
 
 
 async def drive(

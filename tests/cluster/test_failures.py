@@ -11,23 +11,21 @@ stops and a lease TTL has passed.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 
 from gateway.backends.redis.audit import PoolAudit, audit_sync
 from gateway.backends.redis.keys import PoolKeys
-from tests.cluster.pods import LoadResult, Pod, Pods, SimBackend, drive
+from tests.cluster.pods import LoadResult, Pod, Pods, SimBackend, background, drive
 from tests.redis_procs import RedisServer, TcpProxy
 
 LIMIT = 8
 TTL = 1.5  # heartbeats every 0.5 s
-T = TypeVar("T")
 
 
 def cluster_env(url: str, pool: str, **extra: object) -> dict[str, str]:
@@ -96,14 +94,6 @@ def pool(redis_server: RedisServer, pool_name: str) -> Pool:
 @pytest.fixture
 def own_pool(own_redis: RedisServer, pool_name: str) -> Pool:
     return Pool(own_redis, pool_name)
-
-
-def background(coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-    """Run a load coroutine on its own event loop in a thread, while the test makes faults."""
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    future = executor.submit(asyncio.run, coroutine)
-    executor.shutdown(wait=False)
-    return future
 
 
 def wait_for(check: Callable[[], bool], within_s: float, what: str) -> None:

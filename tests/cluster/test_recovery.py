@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cluster.pods import Pods, SimBackend, drive
+from tests.cluster.pods import Pods, SimBackend, background, drive
 from tests.cluster.steady import steady
-from tests.cluster.test_failures import Pool, backend_peak, background, released_all, wait_for
+from tests.cluster.test_failures import Pool, backend_peak, released_all, wait_for
 from tests.redis_procs import RedisServer, TcpProxy
 
 LIMIT = 6
@@ -183,3 +183,26 @@ def test_a_pod_frozen_past_its_ttl_runs_no_stale_grant_and_never_answers_evicted
         assert other_load.statuses == {200: 80}, context
         released_all(pods)
         Pool(redis_server, pool_name).drains()
+
+
+def test_a_killed_pods_waiters_do_not_take_the_seats_freed_after_its_death(
+    sim: SimBackend, redis_server: RedisServer, pool_name: str, logs: Path
+) -> None:
+    """Every pod has waiters queued in Redis, the oldest among them a pod's that is then
+    killed (``kill -9``): the seats freed afterwards go to the pods still alive (its
+    channel has no listener any more), so admissions go on; they used to be granted to the
+    dead pod's waiters one by one and stay stuck until its liveness passed (3 s here)."""
+    sim.reset()
+    with Pods(3, sim.url, env=env(redis_server.url, pool_name, ttl_s=3), log_dir=logs) as pods:
+        doomed = background(steady(pods.urls[2:], duration_s=1.5, concurrency=12, max_tokens=20))
+        load = background(steady(pods.urls[:2], duration_s=4.0, concurrency=24, max_tokens=20))
+        time.sleep(1.0)
+        killed_at = time.monotonic()
+        pods[2].kill()
+        timeline = load.result(timeout=30)
+        doomed.result(timeout=30)
+        context = f"{timeline.summary()}\n{pods.log_tails()}"
+        assert timeline.longest_gap(after=killed_at) < STALL_BOUND_S, context
+        assert backend_peak(sim) <= LIMIT, context
+        released_all([pods[0], pods[1]])
+        Pool(redis_server, pool_name).drains(within_s=3 + 2)

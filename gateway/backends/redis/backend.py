@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import logging
 import random
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Literal, get_args
@@ -438,11 +439,14 @@ class RedisBackend:
 
     async def _call(self, args: list[Any], *, retry: bool) -> StepReply:
         """One call; on a connection error or an error reply (``FAILED``), retries with
-        backoff within the budget, then raises ``RedisUnavailable``."""
+        backoff within the budget (counted from the first try, which may itself have
+        waited a whole timeout for a frozen Redis), then raises ``RedisUnavailable``."""
+        started = time.monotonic()
         try:
             return await self._attempt(args)
         except FAILED as exc:
-            if not retry:
+            left_s = self._budget_s - (time.monotonic() - started)
+            if not retry or left_s <= 0:
                 raise RedisUnavailable(_failure(exc)) from exc
         # the call may have run, or run in part before an error reply: acquires check
         # whether they did; and the server answering now may not be the one that did
@@ -450,7 +454,7 @@ class RedisBackend:
         args[PROBE] = 1
         try:
             async for attempt in AsyncRetrying(
-                stop=stop_after_delay(self._budget_s),
+                stop=stop_after_delay(left_s),
                 wait=wait_random_exponential(multiplier=0.02, max=self._budget_s / 4),
                 retry=retry_if_exception_type(FAILED),
                 reraise=True,

@@ -390,6 +390,18 @@ local function pod_expiry(of_pod)
   return nil
 end
 
+-- whether a pod can no longer run what is granted to it: its liveness has passed, or
+-- nobody listens on its channel, so it would never hear of the grant (a killed pod's
+-- connections close with it; without this its waiters, the oldest in the queue, would
+-- take every seat freed until its liveness passed). A live pod whose notification
+-- connection was down finds such waiters lost on the heartbeat it sends when it has
+-- subscribed again, and queues them again.
+local function pod_gone(of_pod)
+  local alive_until = pod_expiry(of_pod)
+  if alive_until == nil or alive_until < now then return true end
+  return of_pod ~= pod and not listened(of_pod)
+end
+
 -- returns the lease's expiry: a grant never outlives its pod's liveness
 local function add_lease(id, tenant, seats, of_pod)
   local expiry = now + ttl -- the caller's own liveness was just renewed to the same
@@ -499,9 +511,8 @@ local function dispatch()
     local id = head(rank, tenant)
     local meta = split(redis.call('HGET', WMETA, id))
     local seats, of_pod = tonumber(meta[4]), meta[5]
-    local alive_until = pod_expiry(of_pod)
-    if alive_until == nil or alive_until < now then
-      unqueue(id) -- its pod is gone: nobody is left to run it (the pod re-queues it if back)
+    if pod_gone(of_pod) then
+      unqueue(id) -- nobody is left to run it (the pod queues it again if it comes back)
     else
       if inflight + seats > limit or not eligible(of_pod) then return end
       unqueue(id)
