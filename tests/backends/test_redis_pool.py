@@ -27,6 +27,7 @@ from gateway.backends.redis.connect import connect
 from gateway.backends.redis.keys import PoolKeys
 from gateway.backends.redis.telemetry import observe
 from gateway.core.tickets import Ticket
+from tests.cluster.faults import start_replica
 from tests.redis_procs import RedisClusterProcs, RedisServer, TcpProxy
 
 pytestmark = pytest.mark.anyio
@@ -625,41 +626,31 @@ async def test_a_failover_to_a_replica_that_missed_writes_opens_a_roll_call(
     replicated, and the pods' address now leads to it. The pods see another run_id on
     their first call and re-assert before anything new is granted: the seat the replica
     never heard of is counted, and a newcomer waits for it."""
-    with RedisServer(extra_args=("--replicaof", "127.0.0.1", str(own_redis.port))) as replica:
-        with replica.sync_client() as client:
-            _wait_synced(client)
-        with TcpProxy.to(own_redis) as proxy:
-            pods = Pods(proxy.url, pool_name)
-            try:
-                a = await pods.start(global_max_in_flight=2, learning_window_s=5)
-                b = await pods.start(global_max_in_flight=2, learning_window_s=5)
-                held_a = await a.scheduler.acquire(Ticket("t"))
-                await backend(a).settled()
-                with replica.sync_client() as client:
-                    _wait_replicated(client, own_redis)
-                    client.execute_command("REPLICAOF", "NO", "ONE")  # promoted, then lost
-                held_b = await b.scheduler.acquire(Ticket("u"))  # only the old master has it
-                await backend(b).settled()
-                proxy.retarget(replica)
-                late = asyncio.create_task(a.scheduler.acquire(Ticket("v")))
-                await asyncio.sleep(0.5)
-                assert not late.done()
-                assert "another Redis server" in caplog.text
-                result = await pods.audit()
-                assert result.inflight == 2 and result.leases == 2
-                held_b.release()
-                (await asyncio.wait_for(late, 2)).release()
-                held_a.release()
-                assert (await pods.wait_empty(2)).empty
-            finally:
-                await pods.close()
-
-
-def _wait_synced(client: Any) -> None:
-    deadline = time.monotonic() + 10
-    while client.info("replication").get("master_link_status") != "up":
-        assert time.monotonic() < deadline, "the replica never synced"
-        time.sleep(0.05)
+    with start_replica(own_redis) as replica, TcpProxy.to(own_redis) as proxy:
+        pods = Pods(proxy.url, pool_name)
+        try:
+            a = await pods.start(global_max_in_flight=2, learning_window_s=5)
+            b = await pods.start(global_max_in_flight=2, learning_window_s=5)
+            held_a = await a.scheduler.acquire(Ticket("t"))
+            await backend(a).settled()
+            with replica.sync_client() as client:
+                _wait_replicated(client, own_redis)
+                client.execute_command("REPLICAOF", "NO", "ONE")  # promoted, then lost
+            held_b = await b.scheduler.acquire(Ticket("u"))  # only the old master has it
+            await backend(b).settled()
+            proxy.retarget(replica)
+            late = asyncio.create_task(a.scheduler.acquire(Ticket("v")))
+            await asyncio.sleep(0.5)
+            assert not late.done()
+            assert "another Redis server" in caplog.text
+            result = await pods.audit()
+            assert result.inflight == 2 and result.leases == 2
+            held_b.release()
+            (await asyncio.wait_for(late, 2)).release()
+            held_a.release()
+            assert (await pods.wait_empty(2)).empty
+        finally:
+            await pods.close()
 
 
 def _wait_replicated(client: Any, master: RedisServer) -> None:

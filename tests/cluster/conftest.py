@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,3 +15,9 @@ def sim() -> Iterator[SimBackend]:
     """One simulated backend process for the module; tests reset it."""
     with SimBackend() as backend:
         yield backend
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Path:
+    """Where the test's processes write their logs (quoted in assertion messages)."""
+    return tmp_path

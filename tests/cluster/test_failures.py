@@ -117,11 +117,6 @@ def backend_peak(sim: SimBackend) -> int:
     return int(sim.stats()["max_concurrency"])
 
 
-@pytest.fixture
-def logs(tmp_path: Path) -> Path:
-    return tmp_path
-
-
 # -- the headline ------------------------------------------------------------------------
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.cluster.faults import Outage, PoolLoss, first_completion, lose_pool, start_replica
+from tests.cluster.faults import outage as outage_of
 from tests.cluster.pods import Pods, SimBackend, background, drive
 from tests.cluster.steady import steady
 from tests.cluster.test_failures import Pool, backend_peak, released_all, wait_for
@@ -48,11 +49,6 @@ def env(url: str, pool: str, *, ttl_s: float = TTL, **extra: object) -> dict[str
     return values
 
 
-@pytest.fixture
-def logs(tmp_path: Path) -> Path:
-    return tmp_path
-
-
 def test_a_new_pool_admits_its_first_request_at_once(
     sim: SimBackend, redis_server: RedisServer, pool_name: str, logs: Path
 ) -> None:
@@ -61,38 +57,27 @@ def test_a_new_pool_admits_its_first_request_at_once(
     sim.reset()
     settings = env(redis_server.url, pool_name, ttl_s=10)
     with Pods(3, sim.url, env=settings, log_dir=logs) as pods:
-        started = time.monotonic()
-        answer = httpx.post(
-            pods[0].url + "/v1/completions",
-            json={"prompt": "first", "max_tokens": 2},
-            headers={"x-tenant": "t"},
-            trust_env=False,
-            timeout=15,
-        )
-        waited = time.monotonic() - started
+        waited, answer = first_completion(pods[0].url, timeout_s=15)
         assert answer.status_code == 200, answer.text
         assert waited < STALL_BOUND_S, (waited, pods.log_tails())
 
 
 @pytest.mark.parametrize("fault", ["flushall", "restart", "failover"])
 def test_admissions_resume_at_once_when_redis_loses_the_pool(
-    sim: SimBackend, own_redis: RedisServer, pool_name: str, logs: Path, fault: str
+    sim: SimBackend, own_redis: RedisServer, pool_name: str, logs: Path, fault: PoolLoss
 ) -> None:
     """Steady load on three pods with the default TTL and learning window; Redis loses the
     pool (FLUSHALL, a restart without persistence, a failover to a replica that missed
     writes). Admissions resume within the stall bound (they used to stop for the 7 s
     window), and the backend never sees more than the limit."""
     sim.reset()
-    with (
-        RedisServer(extra_args=("--replicaof", "127.0.0.1", str(own_redis.port))) as replica,
-        TcpProxy.to(own_redis) as proxy,
-    ):
+    with start_replica(own_redis) as replica, TcpProxy.to(own_redis) as proxy:
         url = proxy.url if fault == "failover" else own_redis.url
         with Pods(3, sim.url, env=env(url, pool_name, ttl_s=10), log_dir=logs) as pods:
             load = background(steady(pods.urls, duration_s=4.0, concurrency=24))
             time.sleep(1.5)
             fault_at = time.monotonic()
-            _lose_the_pool(fault, own_redis, replica, proxy)
+            lose_pool(fault, own_redis, proxy, replica)
             timeline = load.result(timeout=30)
             context = f"{timeline.summary()}\n{pods.log_tails()}"
             assert backend_peak(sim) <= LIMIT, context
@@ -103,24 +88,10 @@ def test_admissions_resume_at_once_when_redis_loses_the_pool(
             Pool(replica if fault == "failover" else own_redis, pool_name).drains()
 
 
-def _lose_the_pool(fault: str, server: RedisServer, replica: RedisServer, proxy: TcpProxy) -> None:
-    if fault == "flushall":
-        with server.sync_client() as client:
-            client.flushall()
-    elif fault == "restart":
-        server.restart_empty()
-    else:
-        # the replica is promoted while writes go on, and the pods' address now leads to it
-        with replica.sync_client() as client:
-            client.execute_command("REPLICAOF", "NO", "ONE")
-        time.sleep(0.05)  # the old master takes writes the new one never sees
-        proxy.retarget(replica)
-
-
 @pytest.mark.parametrize("mode", ["local", "closed"])
 @pytest.mark.parametrize("outage", ["sigstop", "oom"])
 def test_an_outage_longer_than_the_ttl_ends_without_overshoot(
-    sim: SimBackend, own_redis: RedisServer, pool_name: str, logs: Path, mode: str, outage: str
+    sim: SimBackend, own_redis: RedisServer, pool_name: str, logs: Path, mode: str, outage: Outage
 ) -> None:
     """Redis frozen, or refusing writes at maxmemory, for 2.5 lease TTLs under load: the
     leases expire meanwhile and every pod admits on its own (``local``) or refuses
@@ -131,19 +102,7 @@ def test_an_outage_longer_than_the_ttl_ends_without_overshoot(
     with Pods(3, sim.url, env=settings, log_dir=logs) as pods:
         load = background(steady(pods.urls, duration_s=6.0, concurrency=24, max_tokens=20))
         time.sleep(1.5)
-        if outage == "sigstop":
-            own_redis.pause()
-        else:
-            with own_redis.sync_client() as client:
-                client.config_set("maxmemory", 1)
-        try:
-            time.sleep(2.5 * TTL)
-        finally:
-            if outage == "sigstop":
-                own_redis.resume()
-            else:
-                with own_redis.sync_client() as client:
-                    client.config_set("maxmemory", 0)
+        outage_of(own_redis, outage, 2.5 * TTL)
         timeline = load.result(timeout=30)
         context = f"{timeline.summary()}\n{pods.log_tails()}"
         assert backend_peak(sim) <= LIMIT, context

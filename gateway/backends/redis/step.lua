@@ -46,13 +46,17 @@ local GRACE_MS = 500
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
--- each section of the call is one argument of space-separated words
-local function words(text)
+local function matches(text, pattern)
   local list = {}
-  for word in string.gmatch(text, '%S+') do
-    list[#list + 1] = word
+  for part in string.gmatch(text, pattern) do
+    list[#list + 1] = part
   end
   return list
+end
+
+-- each section of the call is one argument of space-separated words
+local function words(text)
+  return matches(text, '%S+')
 end
 
 -- a call Redis runs after its pod gave up on it (Redis was frozen with the call in its
@@ -80,12 +84,9 @@ for _, flag in ipairs(words(ARGV[11])) do
   flags[flag] = true
 end
 
+-- stored records are fields joined by '|'
 local function split(text)
-  local parts = {}
-  for part in string.gmatch(text, '[^|]+') do
-    parts[#parts + 1] = part
-  end
-  return parts
+  return matches(text, '[^|]+')
 end
 
 local function new_id()
