@@ -636,6 +636,10 @@ class TcpProxy:
                 await _close(upstream_w)
         except (OSError, TimeoutError):
             pass  # the client sees its connection close, as when the target is unreachable
+        except asyncio.CancelledError:
+            # dropped by partition(), heal() or retarget(): the link ends here; letting the
+            # cancellation out would make asyncio log it as an error of the server's own
+            pass
         finally:
             if link is not None:
                 self._links.discard(link)

@@ -58,9 +58,12 @@ class Pool:
         return result
 
     def leases_of(self, pod_id: str) -> int:
+        return len(self.lease_ids_of(pod_id))
+
+    def lease_ids_of(self, pod_id: str) -> set[str]:
         with self.server.sync_client() as client:
-            metas = client.hvals(PoolKeys(self.name).key("lmeta"))
-        return sum(1 for meta in metas if meta.decode().endswith("|" + pod_id))
+            metas = client.hgetall(PoolKeys(self.name).key("lmeta"))
+        return {lid.decode() for lid, meta in metas.items() if meta.decode().endswith("|" + pod_id)}
 
     def ms_left(self, pod_id: str) -> list[int]:
         """Milliseconds each lease of ``pod_id`` has left, by Redis' clock."""

@@ -150,8 +150,10 @@ async def test_a_live_simulator_reports_the_request_it_is_running() -> None:
         httpx.AsyncClient(trust_env=False, timeout=10.0) as client,
     ):
         async with client.stream("POST", f"{sim.url}/v1/completions", json=body) as response:
-            async for _ in response.aiter_raw():
-                break  # a token arrived: the simulator is generating
+            # the iterator is kept: one left by a `break` is finalized soon after, which
+            # closes the response, and the simulator then withdraws the stream at once
+            chunks = response.aiter_raw()
+            await anext(chunks)  # a token arrived: the simulator is generating
             await poll(poller)
             busy = readings.get(sim.url)
         # leaving the block closed the connection mid-stream: the simulator cancels it
