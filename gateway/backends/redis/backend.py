@@ -281,8 +281,9 @@ class RedisBackend:
             if future.exception() is None:
                 self.release(future.result())  # the grant came first: its seats go back
             return
-        waiter_id = self._renamed.pop(str(pending.token), pending.token)
-        assert isinstance(waiter_id, str)
+        waiter_id = str(pending.token)
+        while waiter_id in self._renamed:  # queued again, perhaps more than once
+            waiter_id = self._renamed.pop(waiter_id)
         if self._waiting.pop(waiter_id, None) is None:
             return
         self._confirmed.discard(waiter_id)
@@ -556,7 +557,11 @@ class RedisBackend:
 
         # waiters Redis knew before this call: after a new epoch it has forgotten them
         known_before = sorted(self._confirmed) if new_epoch else []
-        granted_until = reply.now_ms + self._ttl_ms  # the lease of a grant made by this call
+        # the lease of a grant made (or renewed) by this call; read in time, as replies
+        # nearly always are, it needs no check of its own
+        granted_until: int | None = reply.now_ms + self._ttl_ms
+        if self._clock.outlives(reply.now_ms + self._ttl_ms, self._interval_ms):
+            granted_until = None
         for entry, answer in zip(ops, reply.answers, strict=True):
             self._settle(entry, answer, granted_until)
         for waiter_id, answer in zip(batch.confirms, reply.confirmed, strict=True):
@@ -594,7 +599,7 @@ class RedisBackend:
         if self._batch:
             self._kick()
 
-    def _settle(self, entry: _Op, answer: str, granted_until: int) -> None:
+    def _settle(self, entry: _Op, answer: str, granted_until: int | None) -> None:
         """Apply Redis' answer to one acquire, then wake its caller."""
         waiter_id = entry.op.id
         pending = entry.pending

@@ -35,6 +35,9 @@ class RedisClock:
         self._monotonic = monotonic
         # per reply: (Redis' reading - local time of sending, - local time of reading), ms
         self._recent: deque[tuple[float, float]] = deque(maxlen=_RECENT)
+        # the tightest of them, kept up to date by observe(): read on every grant
+        self._high: float | None = None
+        self._low: float | None = None
 
     def sent(self) -> float:
         """The local time to pass to ``observe`` with the reply of a call sent now."""
@@ -43,18 +46,20 @@ class RedisClock:
     def observe(self, redis_ms: int, sent_at: float) -> None:
         """Redis answered ``redis_ms`` to a call sent at ``sent_at`` (from ``sent``)."""
         self._recent.append((redis_ms - sent_at * 1000, redis_ms - self._monotonic() * 1000))
+        self._high = min(high for high, _ in self._recent)
+        self._low = max(low for _, low in self._recent)
 
     def upper_ms(self) -> float | None:
         """Redis' clock now, or a little ahead of it; None before the first reply."""
-        if not self._recent:
+        if self._high is None:
             return None
-        return self._monotonic() * 1000 + min(high for high, _ in self._recent)
+        return self._monotonic() * 1000 + self._high
 
     def lower_ms(self) -> float | None:
         """Redis' clock now, or a little behind it; None before the first reply."""
-        if not self._recent:
+        if self._low is None:
             return None
-        return self._monotonic() * 1000 + max(low for _, low in self._recent)
+        return self._monotonic() * 1000 + self._low
 
     def outlives(self, expires_ms: int, margin_ms: float) -> bool:
         """Whether a lease expiring at ``expires_ms`` certainly lasts ``margin_ms`` more.

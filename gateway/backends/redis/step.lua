@@ -319,10 +319,12 @@ local function membership_changed()
   mver = redis.call('HINCRBY', S, 'mver', 1)
 end
 
+local function asserted(of_pod)
+  return not rolls or redis.call('SISMEMBER', ASSERTED, of_pod) == 1
+end
+
 local function eligible(of_pod)
-  if not rolls then return true end
-  return redis.call('SISMEMBER', ASSERTED, of_pod) == 1
-    and redis.call('SISMEMBER', UNREADY, of_pod) == 0
+  return asserted(of_pod) and (not rolls or redis.call('SISMEMBER', UNREADY, of_pod) == 0)
 end
 
 local function roster()
@@ -698,7 +700,9 @@ end
 -- acquires, "<id> <tenant> <rank> <seats> <action> <wait ms>...": answered 'g' granted,
 -- 'q' queued, else the reason of the refusal. Action 'requeue' is a waiter Redis dropped
 -- while its pod was away, queued again whatever the bound.
-local caller_eligible = eligible(pod)
+local caller_asserted = asserted(pod)
+local caller_eligible = caller_asserted
+  and (not rolls or redis.call('SISMEMBER', UNREADY, pod) == 0)
 local answers = {}
 local acquires = words(ARGV[20])
 for at = 1, #acquires, 6 do
@@ -764,6 +768,6 @@ return {
   table.concat(answers, ' '), table.concat(cancelled, ' '), reasserted,
   table.concat(missed, ' '), table.concat(lost, ' '), table.concat(own_notes, ' '),
   now, mver, told_roster and 1 or 0, roster_text,
-  (not rolls or redis.call('SISMEMBER', ASSERTED, pod) == 1) and 1 or 0,
+  caller_asserted and 1 or 0,
   table.concat(confirmed, ' '), relearn or '',
 }
