@@ -29,6 +29,8 @@ TTL = 1.5  # heartbeats every 0.5 s
 
 
 def cluster_env(url: str, pool: str, **extra: object) -> dict[str, str]:
+    """The pods' settings; ``extra`` overrides by setting name, and None leaves a setting
+    at its default."""
     env = {
         "OBLETH_REDIS_URL": url,
         "OBLETH_POOL": pool,
@@ -40,7 +42,11 @@ def cluster_env(url: str, pool: str, **extra: object) -> dict[str, str]:
         "OBLETH_MAX_QUEUE": "5000",
         "OBLETH_QUEUE_TIMEOUT_S": "30",
     }
-    env.update({f"OBLETH_{k.upper()}": str(v) for k, v in extra.items()})
+    for name, value in extra.items():
+        if value is None:
+            env.pop(f"OBLETH_{name.upper()}", None)
+        else:
+            env[f"OBLETH_{name.upper()}"] = str(value)
     return env
 
 

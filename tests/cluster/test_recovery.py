@@ -24,7 +24,7 @@ from tests.cluster.faults import Outage, PoolLoss, first_completion, lose_pool, 
 from tests.cluster.faults import outage as outage_of
 from tests.cluster.pods import Pods, SimBackend, background, drive
 from tests.cluster.steady import steady
-from tests.cluster.test_failures import Pool, backend_peak, released_all, wait_for
+from tests.cluster.test_failures import Pool, backend_peak, cluster_env, released_all, wait_for
 from tests.redis_procs import RedisServer, TcpProxy
 
 LIMIT = 6
@@ -35,18 +35,15 @@ STALL_BOUND_S = 1.5  # the target is 1 s at p99 (see the module docstring)
 def env(url: str, pool: str, *, ttl_s: float = TTL, **extra: object) -> dict[str, str]:
     """Cluster settings with the default learning window (the roll call's fallback: two
     heartbeats plus the retry budget, 7 s with the default TTL of 10 s)."""
-    values = {
-        "OBLETH_REDIS_URL": url,
-        "OBLETH_POOL": pool,
-        "OBLETH_GLOBAL_MAX_IN_FLIGHT": str(LIMIT),
-        "OBLETH_LEASE_TTL_S": str(ttl_s),
-        "OBLETH_REDIS_RETRY_BUDGET_S": "0.3",
-        "OBLETH_TENANT_HEADER": "x-tenant",
-        "OBLETH_MAX_QUEUE": "5000",
-        "OBLETH_QUEUE_TIMEOUT_S": "30",
-    }
-    values.update({f"OBLETH_{k.upper()}": str(v) for k, v in extra.items()})
-    return values
+    return cluster_env(
+        url,
+        pool,
+        global_max_in_flight=LIMIT,
+        lease_ttl_s=ttl_s,
+        redis_retry_budget_s=0.3,
+        learning_window_s=None,
+        **extra,
+    )
 
 
 def test_a_new_pool_admits_its_first_request_at_once(
