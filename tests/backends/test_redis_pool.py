@@ -579,21 +579,17 @@ async def test_a_roll_call_closes_once_every_pod_has_reasserted_not_on_a_timer(
     assert not late.done()  # both seats are held, and both pods said so
     result = await pods.audit()
     assert result.inflight == 2 and result.leases == 2
-    started = time.monotonic()
     held_b.release()
-    (await asyncio.wait_for(late, 2)).release()
-    assert time.monotonic() - started < 1.0
+    (await asyncio.wait_for(late, 2)).release()  # well within the 30 s fallback
     held_a.release()
     assert (await pods.wait_empty(2)).empty
 
 
-async def test_a_new_pool_admits_its_first_request_within_a_second(pods: Pods) -> None:
-    """A first deployment: the pool does not exist, the default learning window is on, and
+async def test_a_new_pool_admits_its_first_request_before_any_window(pods: Pods) -> None:
+    """A first deployment: the pool does not exist and roll calls are on (a 30 s fallback);
     the first request is granted at once or after the short grace, never the window."""
-    gateway = await pods.start(global_max_in_flight=2, learning_window_s=None)
-    started = time.monotonic()
+    gateway = await pods.start(global_max_in_flight=2, learning_window_s=30)
     permit = await asyncio.wait_for(gateway.scheduler.acquire(Ticket("t")), 2)
-    assert time.monotonic() - started < 1.0
     permit.release()
     assert (await pods.wait_empty(2)).empty
 
@@ -603,19 +599,19 @@ async def test_a_silent_pod_holds_the_roll_call_until_its_liveness_passes(
 ) -> None:
     """A pod that neither answers nor listens (hung, partitioned) after FLUSHALL may still
     run what it held: nothing is granted until its liveness, as the others last saw it,
-    has passed; then the roll call closes without it, long before the 30 s fallback."""
+    has passed; then the roll call closes without it, long before the 30 s fallback.
+    (A TTL of 3 s here: b's liveness as a saw it lasts at least 2 s past the flush.)"""
     pods = own_pods
-    a = await pods.start(global_max_in_flight=1, learning_window_s=30)
-    b = await pods.start(global_max_in_flight=1, learning_window_s=30)
-    assert await eventually(lambda: _live_pods(a, 2), TTL)
+    a = await pods.start(global_max_in_flight=1, learning_window_s=30, lease_ttl_s=3)
+    b = await pods.start(global_max_in_flight=1, learning_window_s=30, lease_ttl_s=3)
+    assert await eventually(lambda: _live_pods(a, 2), 3)
     await _heartbeat(a)  # a's roster lists b with a liveness at most one heartbeat old
     _silence(b)
     await pods.client.flushall()
-    started = time.monotonic()
-    permit = await asyncio.wait_for(a.scheduler.acquire(Ticket("t")), 5)
-    waited = time.monotonic() - started
-    assert TTL / 3 < waited < TTL + 1.0, waited
-    permit.release()
+    late = asyncio.create_task(a.scheduler.acquire(Ticket("t")))
+    await asyncio.sleep(0.5)
+    assert not late.done()  # b may still run what it held
+    (await asyncio.wait_for(late, 8)).release()
     assert (await pods.wait_empty(2)).empty
 
 

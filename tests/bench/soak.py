@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import random
 import sys
 import threading
@@ -48,6 +47,7 @@ from harness import code_version, machine, verdict  # noqa: E402
 
 from gateway.backends.redis.audit import PoolAudit, audit_sync  # noqa: E402
 from tests.cluster.pods import HOST, Pod, Pods, SimBackend  # noqa: E402
+from tests.cluster.steady import longest_gap  # noqa: E402
 from tests.redis_procs import RedisServer  # noqa: E402
 
 LIMIT = 6
@@ -81,9 +81,7 @@ class Run:
         return sum(sum(outcomes.values()) for outcomes in list(self.outcomes.values()))
 
     def longest_gap(self, after: float, before: float) -> float:
-        times = sorted(t for t in self.completions if after <= t <= before)
-        edges = [after, *times, before]
-        return max(later - earlier for earlier, later in itertools.pairwise(edges))
+        return longest_gap(self.completions, after, before)
 
 
 def settings(url: str) -> dict[str, str]:

@@ -536,7 +536,7 @@ class LoadResult:
             if not whole:
                 self.malformed.append(f"200 with an incomplete body: {content[:200]!r}")
             return
-        code = _error_code(content)
+        code = error_code(content)
         if code is None:
             self.malformed.append(f"{status} without an OpenAI-style error: {content[:200]!r}")
         else:
@@ -554,7 +554,7 @@ def _is_completion(content: bytes) -> bool:
     return False
 
 
-def _error_code(content: bytes) -> str | None:
+def error_code(content: bytes) -> str | None:
     """The ``code`` of an OpenAI-style error body (``"None"`` when null); None if not one."""
     try:
         document = json.loads(content)

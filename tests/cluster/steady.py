@@ -8,24 +8,31 @@ longest stretch without a single successful answer, the stall a fault caused.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import json
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
 from gateway.proxy.client import KEEPALIVE_EXPIRY_S
+from tests.cluster.pods import error_code
+
+
+def longest_gap(times: Iterable[float], after: float, before: float) -> float:
+    """The longest stretch of ``after`` .. ``before`` without one of ``times`` in it."""
+    inside = sorted(t for t in times if after <= t <= before)
+    edges = [after, *inside, before]
+    return max(later - earlier for earlier, later in itertools.pairwise(edges))
 
 
 @dataclass
 class Timeline:
-    """Every answer of a steady run: (monotonic time, status, error code or None)."""
+    """Every answer of a steady run: (monotonic time sent, time answered, status, error
+    code or None)."""
 
-    answers: list[tuple[float, int, str | None]] = field(default_factory=list)
+    answers: list[tuple[float, float, int, str | None]] = field(default_factory=list)
     failures: Counter[str] = field(default_factory=Counter)
     """Requests that got no HTTP answer, by exception class."""
     started: float = 0.0
@@ -33,22 +40,22 @@ class Timeline:
 
     @property
     def statuses(self) -> Counter[int]:
-        return Counter(status for _, status, _ in self.answers)
+        return Counter(status for _, _, status, _ in self.answers)
 
     @property
     def error_codes(self) -> Counter[str]:
-        return Counter(code for _, _, code in self.answers if code is not None)
+        return Counter(code for _, _, _, code in self.answers if code is not None)
 
     def longest_gap(self, after: float, before: float | None = None) -> float:
-        """The longest time between two successful answers (or from ``after`` to the first)
-        within ``after`` .. ``before`` (default: the end of the run)."""
-        end = self.ended if before is None else before
-        times = sorted(t for t, status, _ in self.answers if status == 200 and after <= t <= end)
-        edges = [after, *times]
-        gaps = [later - earlier for earlier, later in itertools.pairwise(edges)]
-        if not times:
-            return end - after
-        return max(gaps, default=0.0)
+        """The longest stretch of ``after`` .. ``before`` (default: the end of the run)
+        without a successful answer."""
+        done = (t for _, t, status, _ in self.answers if status == 200)
+        return longest_gap(done, after, self.ended if before is None else before)
+
+    def served_after(self, moment: float) -> int:
+        """Successful answers to requests sent after ``moment``: each was admitted after
+        it, whatever was running then."""
+        return sum(1 for sent, _, status, _ in self.answers if status == 200 and sent > moment)
 
     def summary(self) -> str:
         return (
@@ -84,23 +91,20 @@ async def steady(
                 tenant = tenants[(n + i) % len(tenants)]
                 i += 1
                 body = {"prompt": f"steady {n}.{i}", "max_tokens": max_tokens}
+                sent = time.monotonic()
                 try:
                     answer = await http.post(url, json=body, headers={"x-tenant": tenant})
                 except httpx.HTTPError as exc:
                     timeline.failures[type(exc).__name__] += 1
                     await asyncio.sleep(0.01)
                     continue
-                code = None if answer.status_code == 200 else _error_code(answer.content)
-                timeline.answers.append((time.monotonic(), answer.status_code, code))
+                code = (
+                    None if answer.status_code == 200 else error_code(answer.content) or "malformed"
+                )
+                timeline.answers.append((sent, time.monotonic(), answer.status_code, code))
                 if answer.status_code != 200:
                     await asyncio.sleep(0.01)  # a refusal comes back at once: do not spin
 
         await asyncio.gather(*(worker(n) for n in range(concurrency)))
     timeline.ended = time.monotonic()
     return timeline
-
-
-def _error_code(content: bytes) -> str:
-    with contextlib.suppress(ValueError, AttributeError):
-        return str(json.loads(content)["error"]["code"])
-    return "malformed"

@@ -9,8 +9,9 @@ in flight as the ground truth.
 - A pod frozen past its TTL does not run the grants it reads when it wakes, and its
   waiters Redis dropped meanwhile wait again instead of being answered ``evicted``.
 
-The stall bounds below are behaviour (a window of 7 to 9 s used to stop every admission),
-not speed: the p99 over many trials is measured by ``tests/bench/soak.py``.
+Where a test shows that admissions resume, the roll call's fallback is set to a minute:
+what closes it first is every pod having re-asserted, never the timer. How fast that is
+(p99 over many trials) is measured by ``tests/bench/recovery.py``, not here.
 """
 
 from __future__ import annotations
@@ -29,48 +30,47 @@ from tests.redis_procs import RedisServer, TcpProxy
 
 LIMIT = 6
 TTL = 1.0  # heartbeats every 0.33 s
-STALL_BOUND_S = 1.5  # the target is 1 s at p99 (see the module docstring)
+FALLBACK_S = 60  # a roll call's fallback far longer than any wait here
 
 
 def env(url: str, pool: str, *, ttl_s: float = TTL, **extra: object) -> dict[str, str]:
     """Cluster settings with the default learning window (the roll call's fallback: two
     heartbeats plus the retry budget, 7 s with the default TTL of 10 s)."""
-    return cluster_env(
-        url,
-        pool,
-        global_max_in_flight=LIMIT,
-        lease_ttl_s=ttl_s,
-        redis_retry_budget_s=0.3,
-        learning_window_s=None,
-        **extra,
-    )
+    defaults: dict[str, object] = {
+        "global_max_in_flight": LIMIT,
+        "lease_ttl_s": ttl_s,
+        "redis_retry_budget_s": 0.3,
+        "learning_window_s": None,
+    }
+    return cluster_env(url, pool, **(defaults | extra))
 
 
 def test_a_new_pool_admits_its_first_request_at_once(
     sim: SimBackend, redis_server: RedisServer, pool_name: str, logs: Path
 ) -> None:
-    """A first deployment with the default TTL and learning window: the first request on
-    the first pod is answered in well under a second (it used to wait about 8 s)."""
+    """A first deployment: the first request on the first pod is answered long before the
+    roll call's fallback could have passed (a new pool used to wait the whole window)."""
     sim.reset()
-    settings = env(redis_server.url, pool_name, ttl_s=10)
+    settings = env(redis_server.url, pool_name, ttl_s=10, learning_window_s=FALLBACK_S)
     with Pods(3, sim.url, env=settings, log_dir=logs) as pods:
-        waited, answer = first_completion(pods[0].url, timeout_s=15)
-        assert answer.status_code == 200, answer.text
-        assert waited < STALL_BOUND_S, (waited, pods.log_tails())
+        _, answer = first_completion(pods[0].url, timeout_s=15)
+        assert answer.status_code == 200, (answer.text, pods.log_tails())
 
 
 @pytest.mark.parametrize("fault", ["flushall", "restart", "failover"])
 def test_admissions_resume_at_once_when_redis_loses_the_pool(
     sim: SimBackend, own_redis: RedisServer, pool_name: str, logs: Path, fault: PoolLoss
 ) -> None:
-    """Steady load on three pods with the default TTL and learning window; Redis loses the
-    pool (FLUSHALL, a restart without persistence, a failover to a replica that missed
-    writes). Admissions resume within the stall bound (they used to stop for the 7 s
-    window), and the backend never sees more than the limit."""
+    """Steady load on three pods; Redis loses the pool (FLUSHALL, a restart without
+    persistence, a failover to a replica that missed writes). Requests sent after the
+    fault are served in the 2.5 s the load goes on, long before the roll call's fallback
+    (they used to wait the whole window), and the backend never sees more than the
+    limit."""
     sim.reset()
     with start_replica(own_redis) as replica, TcpProxy.to(own_redis) as proxy:
         url = proxy.url if fault == "failover" else own_redis.url
-        with Pods(3, sim.url, env=env(url, pool_name, ttl_s=10), log_dir=logs) as pods:
+        settings = env(url, pool_name, ttl_s=10, learning_window_s=FALLBACK_S)
+        with Pods(3, sim.url, env=settings, log_dir=logs) as pods:
             load = background(steady(pods.urls, duration_s=4.0, concurrency=24))
             time.sleep(1.5)
             fault_at = time.monotonic()
@@ -79,8 +79,7 @@ def test_admissions_resume_at_once_when_redis_loses_the_pool(
             context = f"{timeline.summary()}\n{pods.log_tails()}"
             assert backend_peak(sim) <= LIMIT, context
             assert not timeline.failures, context
-            assert timeline.statuses[200] > 0
-            assert timeline.longest_gap(after=fault_at) < STALL_BOUND_S, context
+            assert timeline.served_after(fault_at) > 0, context
             released_all(pods)
             Pool(replica if fault == "failover" else own_redis, pool_name).drains()
 
