@@ -7,6 +7,7 @@
                   Reroutable, the router's handle the proxy retries through
     exchange.py   one request relayed both ways: streaming, disconnects, timeouts,
                   upstream failures and the one retry on the next-best upstream
+    inbound.py    the client's side of an exchange: its body, its disconnect
     headers.py    which headers cross the proxy (not the hop-by-hop ones)
     forwarding.py the X-Forwarded-* headers written for the upstream, and the peers
                   (trusted proxies) whose own are believed

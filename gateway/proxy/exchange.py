@@ -22,8 +22,11 @@ What callers of ``forward`` may rely on:
   is relayed as the upstream sent it, a connection failure gets the JSON error below.
 - ``forward`` returns when the response is complete, when the client has gone away, or
   when the upstream failed. When the client goes away, at whatever stage (a retry
-  included), the upstream connection is closed at once, so the upstream sees the
-  disconnect and stops generating.
+  included), the upstream sees the disconnect and stops generating: once the response
+  has started, ``forward`` ends its side of the connection and returns when the upstream
+  has closed its own (at most ``HANG_UP_S`` later), so that the request's seat is not
+  handed on while the upstream still runs the request; before that, the connection is
+  closed at once.
 - Before the response has started, an upstream failure is answered with an OpenAI-style
   JSON error: 502 ``upstream_unreachable`` (no connection could be made), 502
   ``upstream_failed`` (connected, but no answer came), 503
@@ -52,8 +55,9 @@ from gateway.asgi.responses import send_json_error
 from gateway.errors import ConfigError, Disconnected
 from gateway.proxy.forwarding import TrustedProxies, upstream_headers
 from gateway.proxy.headers import to_client
+from gateway.proxy.inbound import ClientSend, Inbound
 from gateway.proxy.upstream import Reroutable, parse_upstream, target_url
-from gateway.types import Message, Receive, Scope, Send
+from gateway.types import Receive, Scope, Send
 
 log = logging.getLogger("obleth.proxy")
 
@@ -90,17 +94,17 @@ async def forward(
     None for no limit. ``trusted_proxies`` are the peers whose forwarding headers are
     believed (see ``gateway.proxy.forwarding``); None trusts nobody.
     """
-    inbound = _Inbound(receive)
+    inbound = Inbound(receive)
     try:
         content = await inbound.content(hold_up_to=retry_body_bytes if route is not None else 0)
     except Disconnected:
         return
     # only a body held whole, within the bound, can be sent a second time
-    if isinstance(content, _Inbound) or len(content or b"") > retry_body_bytes:
+    if isinstance(content, Inbound) or len(content or b"") > retry_body_bytes:
         route = None
     trusted = trusted_proxies if trusted_proxies is not None else _NOBODY
     upstream = _Upstream(client, scope, content, response_timeout_s, trusted)
-    client_send = _ClientSend(send)
+    client_send = ClientSend(send)
     relay = asyncio.ensure_future(_relay(upstream, url, route, client_send, read_timeout_s))
     watch = asyncio.ensure_future(inbound.disconnected())
     try:
@@ -124,93 +128,6 @@ async def forward(
             raise error
 
 
-class _Inbound:
-    """The client's side of an exchange: its body for httpx, then its disconnect.
-
-    ``receive`` is read by one party at a time: by ``content()``, then by httpx while it
-    sends the rest of a body not held whole, then by ``disconnected()``, which waits for
-    the body to be fully relayed before it reads.
-    """
-
-    def __init__(self, receive: Receive) -> None:
-        self._receive = receive
-        self._held = b""
-        self._body_relayed = asyncio.Event()
-
-    async def content(self, *, hold_up_to: int) -> bytes | _Inbound | None:
-        """The request body as httpx should send it: None when there is none, bytes when
-        it was read whole, else this object, an async iterator of its chunks.
-
-        Body messages are read until the body ends (bytes) or more than ``hold_up_to``
-        bytes have come in (the iterator, starting with those). With 0, a body that comes
-        in one message is read whole, any other is streamed from its first message on.
-        Raises ``Disconnected`` if the client leaves before its body was read that far.
-        """
-        held: list[bytes] = []
-        size = 0
-        while True:
-            message = await self._next()
-            body: bytes = message.get("body", b"")
-            held.append(body)
-            size += len(body)
-            if not message.get("more_body", False):
-                self._body_relayed.set()
-                return b"".join(held) or None
-            if size > hold_up_to:
-                self._held = b"".join(held)
-                return self
-
-    def __aiter__(self) -> _Inbound:
-        return self
-
-    async def __anext__(self) -> bytes:
-        held, self._held = self._held, b""
-        if held:
-            return held
-        while not self._body_relayed.is_set():
-            message = await self._next()
-            if not message.get("more_body", False):
-                self._body_relayed.set()
-            chunk: bytes = message.get("body", b"")
-            if chunk:
-                return chunk
-        raise StopAsyncIteration
-
-    async def disconnected(self) -> None:
-        """Returns once the client has gone away (or, on uvicorn, once the response is
-        complete, which then makes no difference)."""
-        await self._body_relayed.wait()
-        while (await self._receive())["type"] != "http.disconnect":
-            pass
-
-    async def _next(self) -> Message:
-        message = await self._receive()
-        if message["type"] == "http.disconnect":
-            raise Disconnected()
-        return message
-
-
-class _ClientSend:
-    """The server's ``send``, raising ``Disconnected`` where the server raises ``OSError``.
-
-    The ASGI spec lets a server raise an ``OSError`` subclass when ``send`` is called after
-    the client left (uvicorn drops the message instead); either way the exchange just ends.
-    ``gone`` is set once the client is known to have left.
-    """
-
-    __slots__ = ("_send", "gone")
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.gone = False
-
-    async def __call__(self, message: Message) -> None:
-        try:
-            await self._send(message)
-        except OSError as exc:
-            raise Disconnected() from exc
-
-
 class _Upstream:
     """The client's request as upstreams get it: the same method, path, query, headers
     (with this hop's forwarding headers) and body, to whichever upstream it is sent."""
@@ -219,7 +136,7 @@ class _Upstream:
         self,
         client: httpx.AsyncClient,
         scope: Scope,
-        content: bytes | _Inbound | None,
+        content: bytes | Inbound | None,
         response_timeout_s: float | None,
         trusted: TrustedProxies,
     ) -> None:
@@ -309,7 +226,7 @@ async def _relay(
     upstream: _Upstream,
     url: httpx.URL,
     route: Reroutable | None,
-    send: _ClientSend,
+    send: ClientSend,
     read_timeout_s: float | None,
 ) -> None:
     outcome = await upstream.send_to(url)
@@ -368,7 +285,7 @@ async def _discard(outcome: httpx.Response | httpx.TransportError) -> None:
 
 
 async def _stream_back(
-    response: httpx.Response, send: _ClientSend, read_timeout_s: float | None
+    response: httpx.Response, send: ClientSend, read_timeout_s: float | None
 ) -> None:
     await send(
         {
