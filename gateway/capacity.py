@@ -7,9 +7,9 @@ it here. It is read on every admission decision, so a provider's new value count
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 
+from gateway.complaints import Complaints
 from gateway.protocols import CapacityProvider
 
 log = logging.getLogger("obleth.capacity")
@@ -46,7 +46,7 @@ class Capacity:
         self._providers = list(providers)
         self._origins = dict(origins or {})
         self._last_good = [0 for _ in providers]
-        self._last_complaint = [float("-inf") for _ in providers]
+        self._complaints = Complaints()
         self._subscribers: list[Callable[[], None]] = []
         self._polled: list[int] = []
         for index, (_, provider) in enumerate(self._providers):
@@ -116,10 +116,8 @@ class Capacity:
         return value
 
     def _complain(self, index: int, value: object) -> None:
-        now = time.monotonic()
-        if now - self._last_complaint[index] < 60.0:
+        if not self._complaints.may(index):
             return
-        self._last_complaint[index] = now
         name = self._providers[index][0]
         origin = self._origins.get(name, "")
         if value is None:

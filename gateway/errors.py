@@ -17,16 +17,18 @@ to do about it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
-RejectReason = Literal[
-    "queue_full",
-    "queue_timeout",
-    "evicted",
-    "no_wait",
-    "tenant_limit",
-    "over_capacity",
-    "unavailable",
+from gateway.core.reasons import RejectReason
+
+__all__ = [
+    "BadRequest",
+    "ConfigError",
+    "Disconnected",
+    "OblethError",
+    "PluginError",
+    "RejectReason",
+    "Rejected",
+    "Unroutable",
 ]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from gateway.backends.memory import MemoryBackend
 from gateway.capacity import Capacity, ProviderFailed
@@ -238,19 +238,27 @@ class Gateway:
                 log.exception("%s failed to stop; stopping the rest", part)
 
     def set_capacity(self, limit: int) -> None:
-        """Change the ``static`` provider's limit now (raising it admits waiters at once).
+        """Change the limit now, through the capacity provider that can be set (one with
+        ``set_max_in_flight``, as the built-in ``static`` has); raising it admits waiters
+        at once. ``RuntimeError`` when no provider, or more than one, can be set.
 
         In cluster mode the new value becomes the limit of the whole pool: every pod
         enforces it from its next call to Redis (within one heartbeat).
         """
-        static = self.providers.get("static")
-        setter = getattr(static, "set_max_in_flight", None)
-        if setter is None:
+        setters = {
+            name: setter
+            for name, provider in self.providers.items()
+            if (setter := getattr(provider, "set_max_in_flight", None)) is not None
+        }
+        if len(setters) != 1:
+            found = ", ".join(setters) or "none"
             raise RuntimeError(
-                "set_capacity needs the 'static' capacity provider; "
-                f"this gateway uses {', '.join(self.providers)}"
+                "set_capacity needs exactly one capacity provider that can be set (with "
+                f"set_max_in_flight, as 'static' has); this gateway uses "
+                f"{', '.join(self.providers)}, of which these can be set: {found}"
             )
-        cast(Any, setter)(limit)
+        (setter,) = setters.values()
+        setter(limit)
 
     def snapshot(self) -> Snapshot:
         return self.backend.snapshot()

@@ -16,7 +16,7 @@ request goes on as if the plugin had answered nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import pluggy
 
@@ -47,8 +47,23 @@ def obleth_overflow_policies() -> Mapping[str, Factory]:
 
     Called once per gateway at startup. The user selects one by name with
     ``overflow_policy``. The factory is called with ``Settings`` and returns an object with
-    ``decide(view, ticket) -> "queue" | "reject" | "evict"`` (see
-    ``gateway.protocols.OverflowPolicy``).
+    ``decide(view, ticket) -> "wait" | "queue" | "evict" | "reject"`` (see
+    ``gateway.protocols.OverflowPolicy``), called on the request path (no I/O) for a
+    request that finds no free seat. The actions differ when the queue (``max_queue``) is
+    full:
+
+    - ``"wait"``: wait in the queue; when it is full, wait for room (first come first
+      served, outside ``max_queue``), never refused for it. The built-in ``block``.
+    - ``"queue"``: wait in the queue while it has room; when it is full, 503
+      ``queue_full``. The built-in ``drop-newest``.
+    - ``"evict"``: wait in the queue; when it is full, the oldest waiter of the heaviest
+      tenant (never one more urgent than the newcomer) is answered 503 ``evicted`` and
+      the newcomer takes its place. The built-in ``drop-oldest``.
+    - ``"reject"``: never wait: 503 ``over_capacity`` (``queue_full`` when the queue is
+      full). The built-in ``reject``.
+
+    Whatever it answers, a waiter waits at most ``queue_timeout_s``. ``background``
+    requests and tenants over their cap are decided before the policy is asked.
     """
 
 
@@ -75,6 +90,12 @@ def obleth_classify_request(
     plugin decide; the first answer wins and the built-in classifier answers last. Never
     put a raw API key in ``tenant``: it becomes a key and a metric label. Raise
     ``gateway.errors.BadRequest`` to answer 400 with your message.
+
+    A classifier that reads nothing but headers may offer a faster path, used while it is
+    the only classifier: set ``HEADER_TICKETS`` on the hook function to a callable that
+    takes ``Settings`` and returns an object whose ``ticket(raw_headers)`` answers from
+    the ASGI scope's ``(name, value)`` byte pairs with a ``gateway.core.tickets.Ticket``,
+    exactly as the hook would (the built-in classifier does).
     """
 
 
@@ -120,5 +141,9 @@ def obleth_request_finished(request: RequestInfo, duration_s: float, outcome: st
     Called on the request path; no I/O.
     """
 
+
+#: The attribute of a classifier's hook function that offers its header-only fast path
+#: (see ``obleth_classify_request``).
+HEADER_TICKETS: Final = "header_tickets"
 
 HOOK_NAMES: Sequence[str] = tuple(sorted(name for name in dir() if name.startswith("obleth_")))

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from gateway.core.admission import OverflowAction, QueueView
-from gateway.core.permit import ReleaseOnce
 from gateway.core.tickets import Priority, Ticket
 
 if TYPE_CHECKING:
@@ -117,14 +116,14 @@ class FreeSeats(PermitOwner, Protocol):
     def give_back(self, ticket: Ticket) -> None: ...
 
 
-class Permit(ReleaseOnce):
+class Permit:
     """Seats granted to one request; ``release()`` counts once, whoever calls it.
 
     A backend creates it (``token`` identifies the grant to that backend); the scheduler
     that hands it out becomes its owner. ``waited_s`` is the time spent queued.
     """
 
-    __slots__ = ("owner", "ticket", "token", "waited_s")
+    __slots__ = ("owner", "released", "ticket", "token", "waited_s")
 
     def __init__(
         self, ticket: Ticket, token: object = None, owner: PermitOwner | None = None

@@ -44,6 +44,48 @@ def test_set_capacity_refuses_a_bad_limit() -> None:
     run(scenario)
 
 
+class Dial:
+    """A capacity provider of a plugin's own that an operator can set, like ``static``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.value = 2
+
+    def max_in_flight(self) -> int:
+        return self.value
+
+    def set_max_in_flight(self, value: int) -> None:
+        self.value = value
+
+
+class DialPlugin:
+    @hookimpl
+    def obleth_capacity_providers(self) -> dict[str, object]:
+        return {"dial": Dial}
+
+
+def test_set_capacity_sets_whichever_provider_can_be_set() -> None:
+    """set_capacity goes to the one provider that can be set, whatever its name; with
+    none (or two) it says which providers the gateway has and which can be set."""
+
+    async def scenario() -> None:
+        gateway = Gateway(
+            Settings(capacity_providers=("dial",)), plugins=[DialPlugin()], entry_points=False
+        )
+        gateway.set_capacity(7)
+        assert gateway.capacity.current() == 7
+        both = Gateway(
+            Settings(capacity_providers=("dial", "static")),
+            plugins=[DialPlugin()],
+            entry_points=False,
+        )
+        with pytest.raises(
+            RuntimeError, match="uses dial, static, of which these can be set: dial, static"
+        ):
+            both.set_capacity(3)
+
+    run(scenario)
+
+
 class Flaky:
     def __init__(self) -> None:
         self.value: object = 5

@@ -11,13 +11,13 @@ from typing import Any
 
 import uvicorn
 
+from gateway.admin.health import HEALTH_PATH, METRICS_PATH, READY_PATH, Probes
 from gateway.asgi.middleware import GatewayMiddleware
 from gateway.cli.server_flags import add_server_flags
 from gateway.errors import ConfigError
 from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
-from gateway.server import BodyTimeout, Probes, bounded_protocol
-from gateway.server.probes import HEALTH_PATH, METRICS_PATH, READY_PATH
+from gateway.server import BodyTimeout, bounded_protocol
 from gateway.settings import Settings
 from gateway.telemetry.gauges import observe_gateway
 from gateway.telemetry.sdk import PrometheusExport, install_prometheus_export

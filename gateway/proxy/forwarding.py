@@ -25,6 +25,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
+from gateway.core.memo import Memo
 from gateway.core.networks import Network
 from gateway.proxy.headers import Header, to_upstream
 from gateway.types import Scope
@@ -47,7 +48,7 @@ class TrustedProxies:
 
     def __init__(self, networks: Iterable[Network] = ()) -> None:
         self._networks = tuple(networks)
-        self._verdicts: dict[str, bool] = {}
+        self._verdicts: Memo[str, bool] = Memo(_REMEMBERED)
 
     def __bool__(self) -> bool:
         return bool(self._networks)
@@ -59,10 +60,7 @@ class TrustedProxies:
             return False
         verdict = self._verdicts.get(peer)
         if verdict is None:
-            verdict = self._judge(peer)
-            if len(self._verdicts) >= _REMEMBERED:
-                self._verdicts.clear()
-            self._verdicts[peer] = verdict
+            verdict = self._verdicts.keep(peer, self._judge(peer))
         return verdict
 
     def _judge(self, peer: str) -> bool:

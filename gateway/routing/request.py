@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.core.prefix import prompt_blocks
+from gateway.protocols import Classification
 
 if TYPE_CHECKING:
     from gateway.routing.fleet import Fleet
@@ -30,6 +31,53 @@ class RouteRequest:
     session_id: str | None
     tenant: str
     fleet: Fleet
+
+
+class RequestReader:
+    """Reads the ``RouteRequest`` of an admitted HTTP request, for the router over ``fleet``.
+
+    The prompt's blocks come from the classifier's ``routing_key`` when it gave one, else
+    from the OpenAI-style JSON body; the session from the classifier's ``session_id``,
+    else from ``session_header``. Requests whose prompt is shorter than ``block_bytes``
+    have no blocks.
+    """
+
+    __slots__ = ("_block_bytes", "_fleet", "_session_header")
+
+    def __init__(self, fleet: Fleet, *, block_bytes: int, session_header: str) -> None:
+        self._fleet = fleet
+        self._block_bytes = block_bytes
+        self._session_header = session_header.encode("latin-1")
+
+    def read(
+        self,
+        path: str,
+        headers: Iterable[tuple[bytes, bytes]],
+        body: bytes | None,
+        tenant: str,
+        classification: Classification | None,
+    ) -> RouteRequest:
+        """``headers`` are the raw ASGI ones; ``classification`` is None when the
+        classifier's answer carried no routing hints."""
+        payload = parse_body(body)
+        model = model_of(payload)
+        text = classification.routing_key if classification is not None else None
+        if text is None:
+            text = prompt_text(payload)
+        session = classification.session_id if classification is not None else None
+        if session is None:
+            for name, value in headers:
+                if name == self._session_header:
+                    session = value.decode("latin-1").strip() or None
+                    break
+        return RouteRequest(
+            path=path,
+            model=model,
+            blocks=blocks_of(text, model, self._block_bytes) if text else (),
+            session_id=session,
+            tenant=tenant,
+            fleet=self._fleet,
+        )
 
 
 def parse_body(body: bytes | None) -> Mapping[str, object] | None:

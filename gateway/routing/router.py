@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.core.memo import Memo
 from gateway.core.scoring import best, clamp, normalized, ranked, weighted_totals
 from gateway.errors import Unroutable
 from gateway.protocols import RoutingScorer
@@ -166,7 +167,7 @@ class Router:
         self._load_slack = load_slack
         self._rng = random.Random(seed)  # noqa: S311 -- tie-breaking, not secrecy
         self._complain = complain
-        self._turns: dict[tuple[str, ...], int] = {}
+        self._turns: Memo[tuple[str, ...], int] = Memo(_TURNS_KEPT)
         self._serving: dict[str | None, list[str]] = {}
         self._urls = list(self.upstreams)
 
@@ -263,10 +264,8 @@ class Router:
         # served by different upstreams in alternation would each keep landing on one
         candidates = tuple(healthy)
         turns = self._turns
-        if candidates not in turns and len(turns) >= _TURNS_KEPT:
-            turns.clear()
         turn = turns.get(candidates, 0)
-        turns[candidates] = turn + 1
+        turns.keep(candidates, turn + 1)
         turn %= len(healthy)
         ranking = healthy[turn:] + healthy[:turn]
         return ranking, {"round-robin": {u: 1.0 if u == ranking[0] else 0.0 for u in healthy}}

@@ -1,5 +1,5 @@
 """What ``obleth serve`` puts around the gateway under uvicorn: bounds on slow or greedy
-clients, and the paths it answers itself.
+clients (the probes it answers itself are in ``gateway.admin.health``).
 
 ::
 
@@ -7,13 +7,11 @@ clients, and the paths it answers itself.
                     (431) and a time bound (408) on each request's line and headers
     bodytimeout.py  BodyTimeout: ASGI middleware answering 408 when a request body pauses
                     for too long while the app waits for it
-    probes.py       Probes: /healthz, /readyz and /metrics
 """
 
 from __future__ import annotations
 
 from gateway.server.bodytimeout import BodyTimeout
-from gateway.server.probes import Probes
 from gateway.server.protocol import BoundedHttpToolsProtocol, bounded_protocol
 
-__all__ = ["BodyTimeout", "BoundedHttpToolsProtocol", "Probes", "bounded_protocol"]
+__all__ = ["BodyTimeout", "BoundedHttpToolsProtocol", "bounded_protocol"]

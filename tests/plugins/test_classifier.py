@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 from gateway import Settings, hookimpl
 from gateway.builtin.classifier import MEMO_SIZE, HeaderReader, reader_for, tenant_of_key
 from gateway.core.tickets import PRIORITIES, Ticket
+from gateway.core.tickets import ticket as make_ticket
 from gateway.errors import BadRequest
+from gateway.hookspecs import HEADER_TICKETS
 from gateway.plugins import Plugins
+from gateway.protocols import Classification
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -116,7 +119,7 @@ def test_the_hook_answers_as_the_reader_does() -> None:
 
     config = Settings(tenant_header="x-tenant")
     plugins = Plugins(config, extra=[Passing()], entry_points=False)
-    assert plugins.header_reader is None  # another classifier: no direct path
+    assert plugins.header_ticket is None  # another classifier: no direct path
     headers = [(b"x-tenant", b" gold "), (b"authorization", b"Bearer sk-one")]
     scope = {"type": "http", "method": "GET", "path": "/", "headers": headers}
     classification = plugins.classify(scope, None)
@@ -176,3 +179,38 @@ def test_a_bad_priority_names_the_header_and_what_is_accepted() -> None:
     with pytest.raises(BadRequest, match="x-urgency: 'soon' is no priority") as caught:
         reader.ticket([(b"x-urgency", b"Soon")])
     assert "critical, standard, background" in str(caught.value)
+
+
+def test_any_classifier_may_offer_the_header_only_path() -> None:
+    """The fast path is offered by an attribute any classifier may set, not by the
+    built-in's name: a plugin's own, alone with the built-in disabled, is used without
+    its hook being called; next to the built-in, the hook is called as usual."""
+    calls: list[str] = []
+
+    class ByHeader:
+        def __init__(self, settings: Settings) -> None:
+            pass
+
+        def ticket(self, headers: Headers) -> Ticket:
+            calls.append("ticket")
+            return make_ticket(dict(headers).get(b"x-team", b"none").decode(), "critical")
+
+    class Team:
+        @hookimpl
+        def obleth_classify_request(self, scope: dict) -> Classification:
+            calls.append("hook")
+            headers = dict(scope["headers"])
+            return Classification(headers.get(b"x-team", b"none").decode(), "critical")
+
+    setattr(Team.obleth_classify_request, HEADER_TICKETS, ByHeader)
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [(b"x-team", b"red")]}
+    alone = Plugins(Settings(disable_plugins=("classifier",)), extra=[Team()], entry_points=False)
+    assert alone.header_ticket is not None
+    assert alone.header_ticket(scope["headers"]) == make_ticket("red", "critical")
+    assert alone.classify(scope, None) == ("red", "critical", None, None)
+    assert calls == ["ticket", "ticket"]
+    calls.clear()
+    beside = Plugins(Settings(), extra=[Team()], entry_points=False)
+    assert beside.header_ticket is None
+    assert beside.classify(scope, None) == ("red", "critical", None, None)
+    assert calls == ["hook"]

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from gateway.admin import Probes
 from gateway.cli.serve import build_app, server_options
 from gateway.loopback import serve_in_task
 from gateway.scheduler import Scheduler
-from gateway.server import Probes
 from gateway.settings import Settings
 from tests.proxy.rawhttp import Answer, request_head, send_and_read_async
 from tests.proxy.upstreams import Echo, eventually, within

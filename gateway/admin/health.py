@@ -1,5 +1,9 @@
-"""``Probes``: what ``obleth serve`` answers itself, never queued nor forwarded: liveness,
-readiness and the metrics page."""
+"""``Probes``: liveness, readiness and the metrics page, answered by the gateway itself,
+never queued nor forwarded.
+
+``obleth serve`` puts it outermost; an application using ``GatewayMiddleware`` mounts it
+the same way, around the middleware: ``Probes(GatewayMiddleware(app), middleware.gateway)``.
+"""
 
 from __future__ import annotations
 
@@ -26,13 +30,16 @@ class Probes:
 
     - ``/healthz``: ``200 {"status": "alive"}`` while the process runs.
     - ``/readyz``: ``200`` when the gateway has started, at least one upstream is healthy
-      and fewer requests wait than 80 % of ``max_queue``; ``503`` otherwise. The body says
-      why: ``{"healthy_upstreams": [...], "queued": n}``.
+      (when upstreams are configured) and fewer requests wait than 80 % of ``max_queue``;
+      ``503`` otherwise. The body says why: ``{"healthy_upstreams": [...], "queued": n}``.
     - ``/metrics``: ``200`` with ``metrics()``, Prometheus text; ``metrics`` is called once
-      per scrape, on the event loop, so it must answer from memory.
+      per scrape, on the event loop, so it must answer from memory. Without ``metrics``,
+      the path goes to ``app`` like any other.
     """
 
-    def __init__(self, app: ASGIApp, gateway: Gateway, metrics: Callable[[], bytes]) -> None:
+    def __init__(
+        self, app: ASGIApp, gateway: Gateway, metrics: Callable[[], bytes] | None = None
+    ) -> None:
         self.app = app
         self.gateway = gateway
         self.metrics = metrics
@@ -43,8 +50,8 @@ class Probes:
             await send_json(send, 200, {"status": "alive"})
         elif path == READY_PATH:
             await self._ready(send)
-        elif path == METRICS_PATH:
-            await self._metrics(send)
+        elif path == METRICS_PATH and self.metrics is not None:
+            await self._metrics(self.metrics(), send)
         else:
             await self.app(scope, receive, send)
 
@@ -55,12 +62,12 @@ class Probes:
         backed_up = (
             snapshot.max_queue > 0 and snapshot.queued >= READY_QUEUE_SHARE * snapshot.max_queue
         )
-        ready = bool(healthy) and self.gateway.started and not backed_up
+        routed = len(readings) > 0
+        ready = (bool(healthy) or not routed) and self.gateway.started and not backed_up
         payload = {"healthy_upstreams": healthy, "queued": snapshot.queued}
         await send_json(send, 200 if ready else 503, payload)
 
-    async def _metrics(self, send: Send) -> None:
-        body = self.metrics()
+    async def _metrics(self, body: bytes, send: Send) -> None:
         headers = [
             (b"content-type", METRICS_CONTENT_TYPE),
             (b"content-length", b"%d" % len(body)),

@@ -9,68 +9,41 @@ both plugins, and hands the request path plain typed callables.
 
 from __future__ import annotations
 
-import difflib
+import functools
 import importlib
 import importlib.metadata
-import inspect
 import logging
-import re
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Final, Literal, cast, get_args
+from typing import Any, Final, cast
 
 import pluggy
 
 from gateway import hookspecs
-from gateway.builtin import DEFAULT_PLUGINS, classifier
-from gateway.core.admission import OverflowAction, QueueView
-from gateway.core.tickets import PRIORITIES, Ticket
-from gateway.errors import BadRequest, ConfigError, PluginError
-from gateway.protocols import (
-    CapacityProvider,
-    Classification,
-    Factory,
-    OverflowPolicy,
-    RequestInfo,
-    RoutingScorer,
+from gateway.builtin import DEFAULT_PLUGINS
+from gateway.complaints import Complaints
+from gateway.core.tickets import Ticket
+from gateway.errors import BadRequest, PluginError
+from gateway.hookspecs import HEADER_TICKETS
+from gateway.plugins.checks import (
+    ENTRY_POINT_GROUP,
+    dist_label,
+    hook_problems,
+    load_problem,
+    unusable,
 )
+from gateway.plugins.inventory import PluginInfo, describe
+from gateway.plugins.offers import COLLECTORS, SETTING_OF, Kind, Offer, build, collect
+from gateway.plugins.shield import ShieldedPolicy
+from gateway.protocols import Classification, OverflowPolicy, RequestInfo
 from gateway.settings import Settings
 from gateway.types import Scope
 
 log = logging.getLogger("obleth.plugins")
 
-ENTRY_POINT_GROUP: Final = "obleth"
-_BUILTIN_CLASSIFIER: Final = "classifier"
-_NAME = re.compile(r"^[a-z0-9]+(?:[-.][a-z0-9]+)*$")
-
-Kind = Literal["capacity provider", "overflow policy", "routing scorer"]
-_COLLECTORS: Final[dict[Kind, str]] = {
-    "capacity provider": "obleth_capacity_providers",
-    "overflow policy": "obleth_overflow_policies",
-    "routing scorer": "obleth_routing_scorers",
-}
-_ROLES: Final[dict[Kind, type]] = {
-    "capacity provider": CapacityProvider,
-    "overflow policy": OverflowPolicy,
-    "routing scorer": RoutingScorer,
-}
-_SETTING_OF: Final[dict[Kind, str]] = {
-    "capacity provider": "capacity_providers",
-    "overflow policy": "overflow_policy",
-    "routing scorer": "routing_scorers",
-}
-
-
-@dataclass(frozen=True)
-class PluginInfo:
-    """One registered plugin, for ``obleth plugins`` and error messages."""
-
-    name: str
-    distribution: str
-    version: str
-    provides: dict[str, list[str]] = field(default_factory=dict)
+#: raw ASGI headers to a ticket
+HeaderTicket = Callable[[Iterable[tuple[bytes, bytes]]], Ticket]
 
 
 @dataclass(frozen=True)
@@ -83,12 +56,6 @@ class _Impl:
 
     def __call__(self, arguments: Mapping[str, Any]) -> Any:
         return self.function(*[arguments[name] for name in self.argnames])
-
-
-@dataclass(frozen=True)
-class _Offer:
-    factory: Factory
-    plugin: str
 
 
 class Plugins:
@@ -131,8 +98,8 @@ class Plugins:
         if entry_points:
             offered |= self._load_entry_points(problems)
         problems += self._hook_name_problems()
-        self._offers: dict[Kind, dict[str, _Offer]] = {
-            kind: self._collect(kind, problems) for kind in _COLLECTORS
+        self._offers: dict[Kind, dict[str, Offer]] = {
+            kind: self._collect(kind, problems) for kind in COLLECTORS
         }
         if problems:
             raise PluginError.together(problems)
@@ -142,18 +109,26 @@ class Plugins:
         self._on_rejected = self._impls("obleth_request_rejected")
         self._on_finished = self._impls("obleth_request_finished")
         self._on_routed = self._impls("obleth_request_routed")
-        self._last_complaint: dict[str, float] = {}
+        self._complaints = Complaints()
         #: whether any classifier reads the body (only then does the middleware read it)
         self.wants_body = any("body" in impl.argnames for impl in self._classifiers)
         #: whether any plugin observes requests (else the middleware skips the bookkeeping)
         self.observes = bool(self._on_admitted or self._on_rejected or self._on_finished)
         #: whether any plugin observes routing decisions
         self.observes_routing = bool(self._on_routed)
-        #: the built-in classifier when it is the only one: callers may then classify with
-        #: it directly, without a header dict or a hook call; else None
-        self.header_reader: classifier.HeaderReader | None = None
-        if [impl.plugin for impl in self._classifiers] == [_BUILTIN_CLASSIFIER]:
-            self.header_reader = classifier.reader_for(settings)
+        #: ``headers -> Ticket`` when the only classifier offers to answer from the raw
+        #: ASGI headers alone (its hook function's ``header_tickets``): the request path
+        #: then classifies without a header dict or a hook call; else None
+        self.header_ticket: HeaderTicket | None = self._header_ticket()
+
+    def _header_ticket(self) -> HeaderTicket | None:
+        if len(self._classifiers) != 1:
+            return None
+        offer = getattr(self._classifiers[0].function, HEADER_TICKETS, None)
+        if offer is None:
+            return None
+        tickets: HeaderTicket = offer(self.settings).ticket
+        return tickets
 
     # -- startup ----------------------------------------------------------------------------
 
@@ -168,13 +143,13 @@ class Plugins:
                 f"the name is taken by another plugin, from {holder}; OBLETH_DISABLE_PLUGINS="
                 f"{name} would disable both: uninstall one of the two, or rename one (its "
                 "entry point, or the __name__ of a plugin passed in code)",
-                distribution=_dist_label(origin) or None,
+                distribution=dist_label(origin) or None,
             )
         try:
             self._pm.register(plugin, name=name)
         except (ValueError, pluggy.PluginValidationError) as exc:
             raise PluginError(
-                name, f"could not be registered: {exc}", distribution=_dist_label(origin) or None
+                name, f"could not be registered: {exc}", distribution=dist_label(origin) or None
             ) from exc
         self._origin[name] = origin
 
@@ -190,15 +165,7 @@ class Plugins:
             try:
                 plugin = entry_point.load()
             except Exception as exc:
-                problem = PluginError(
-                    entry_point.name,
-                    f"failed to load {entry_point.value!r}: {type(exc).__name__}: {exc}. "
-                    f"Fix or uninstall {origin[0]}, or skip it with "
-                    f"OBLETH_DISABLE_PLUGINS={entry_point.name}",
-                    distribution=_dist_label(origin),
-                )
-                problem.__cause__ = exc
-                problems.append(problem)
+                problems.append(load_problem(entry_point.name, entry_point.value, origin, exc))
                 continue
             try:
                 self._register(plugin, entry_point.name, origin)
@@ -207,94 +174,39 @@ class Plugins:
         return {entry_point.name for entry_point in found}
 
     def _hook_name_problems(self) -> list[PluginError]:
-        """What pluggy would silently pass over, or call in a way Obleth does not: a
-        misspelled hook (or ``specname``), a hook function without the marker, a wrapper.
-
-        A marked function implements the hook its ``specname`` names, else the one its own
-        name does; an unmarked one is looked at only when its name starts with ``obleth_``.
-        """
-        known = set(hookspecs.HOOK_NAMES)
-        problems: list[PluginError] = []
-        for name, plugin in self._registered():
-            for attr in dir(plugin):
-                function = getattr(plugin, attr, None)
-                if not inspect.isroutine(function):
-                    continue
-                options = getattr(function, _MARK, None)
-                if not isinstance(options, dict):
-                    problem = _unmarked_problem(attr, known)
-                else:
-                    problem = _marked_problem(attr, options, known)
-                if problem is not None:
-                    distribution = self.distribution_of(name)
-                    problems.append(PluginError(name, problem, distribution=distribution))
-        return problems
+        """See ``checks.hook_problems``."""
+        return [
+            PluginError(name, problem, distribution=self.distribution_of(name))
+            for name, plugin in self._registered()
+            for problem in hook_problems(plugin)
+        ]
 
     def _check_disabled_names(self, offered: set[str]) -> None:
         """A name in ``disable_plugins`` that no plugin here has is most likely a typo
         (the plugin meant stays enabled), but may as well name a plugin installed on
         other pods only: said in the log, not fatal."""
-        if not self.settings.disable_plugins:
-            return
         unknown = [name for name in self.settings.disable_plugins if name not in offered]
         if unknown:
             log.warning(
                 "disable_plugins (OBLETH_DISABLE_PLUGINS) names %s, which no plugin here "
                 "has; plugins: %s",
-                ", ".join(repr(name) for name in unknown),
+                ", ".join(map(repr, unknown)),
                 ", ".join(sorted(offered)),
             )
 
-    def _collect(self, kind: Kind, problems: list[PluginError]) -> dict[str, _Offer]:
-        """Every plugin's offers of ``kind`` by name. What cannot be used (the hook raised
-        or answered something other than a dict, a bad name or factory, a name offered
-        twice) is added to ``problems`` and left out; the first offer of a name is kept."""
-        offers: dict[str, _Offer] = {}
-        hook = _COLLECTORS[kind]
+    def _collect(self, kind: Kind, problems: list[PluginError]) -> dict[str, Offer]:
+        """Every plugin's offers of ``kind`` (see ``offers.collect``); problems are added
+        to ``problems``."""
 
         def problem(plugin: str, text: str) -> PluginError:
             error = PluginError(plugin, text, distribution=self.distribution_of(plugin))
             problems.append(error)
             return error
 
-        for impl in self._impls(hook):
-            plugin = impl.plugin
-            try:
-                offered = impl({})
-            except Exception as exc:
-                problem(plugin, f"{hook}() raised {type(exc).__name__}: {exc}").__cause__ = exc
-                continue
-            if offered is None:
-                continue
-            if not isinstance(offered, Mapping):
-                problem(
-                    plugin,
-                    f"{hook}() returned {type(offered).__name__}; expected a dict of "
-                    "{name: factory}",
-                )
-                continue
-            for name, factory in offered.items():
-                if not isinstance(name, str) or not _NAME.match(name):
-                    problem(
-                        plugin, f"offers a {kind} named {name!r}; names are lower-case kebab-case"
-                    )
-                elif not callable(factory):
-                    problem(
-                        plugin,
-                        f"{kind} {name!r}: the factory is a {type(factory).__name__}, "
-                        "not a callable taking Settings",
-                    )
-                elif name in offers:
-                    other = offers[name].plugin
-                    problem(
-                        plugin,
-                        f"offers a {kind} named {name!r}, and so does plugin {other!r} "
-                        f"({self.distribution_of(other)}); disable one with "
-                        "OBLETH_DISABLE_PLUGINS",
-                    )
-                else:
-                    offers[name] = _Offer(cast(Factory, factory), plugin)
-        return offers
+        collectors = [
+            (impl.plugin, functools.partial(impl, {})) for impl in self._impls(COLLECTORS[kind])
+        ]
+        return collect(kind, collectors, problem, self.distribution_of)
 
     def _impls(self, hook: str) -> list[_Impl]:
         """The hook's implementations in the order pluggy would call them."""
@@ -331,32 +243,14 @@ class Plugins:
     def build(self, kind: Kind, name: str) -> Any:
         """Call the factory the user selected by ``name`` and check what it returns."""
         offer = self._offer(kind, name)
-        try:
-            built = offer.factory(self.settings)
-        except (ConfigError, PluginError):
-            raise
-        except Exception as exc:
-            raise PluginError(
-                offer.plugin,
-                f"the factory of {kind} {name!r} raised {type(exc).__name__}: {exc}",
-                distribution=self.distribution_of(offer.plugin),
-            ) from exc
-        role = _ROLES[kind]
-        if not isinstance(built, role):
-            raise PluginError(
-                offer.plugin,
-                f"the factory of {kind} {name!r} returned {type(built).__name__}, which lacks "
-                f"what gateway.protocols.{role.__name__} requires",
-                distribution=self.distribution_of(offer.plugin),
-            )
-        return built
+        return build(kind, name, offer, self.settings, self.distribution_of(offer.plugin))
 
-    def _offer(self, kind: Kind, name: str) -> _Offer:
+    def _offer(self, kind: Kind, name: str) -> Offer:
         offer = self._offers[kind].get(name)
         if offer is None:
             installed = ", ".join(self.names(kind)) or "none"
             raise self.settings.error(
-                _SETTING_OF[kind], name, f"no {kind} by that name; installed: {installed}"
+                SETTING_OF[kind], name, f"no {kind} by that name; installed: {installed}"
             )
         return offer
 
@@ -365,7 +259,7 @@ class Plugins:
         ``decide`` raises or answers something other than ``queue``, ``reject`` or
         ``evict``, the plugin is named in the log and the request waits, as under ``block``.
         """
-        return _ShieldedPolicy(policy, self.plugin_of("overflow policy", name), self._complain)
+        return ShieldedPolicy(policy, self.plugin_of("overflow policy", name), self._complain)
 
     def plugin_of(self, kind: Kind, name: str) -> str:
         return self._offers[kind][name].plugin
@@ -378,22 +272,13 @@ class Plugins:
 
     def describe(self) -> list[PluginInfo]:
         """Every registered plugin with its origin and what it offers, sorted by name."""
-        result = []
-        for name, _ in sorted(self._registered()):
-            distribution, version = self._origin.get(name, ("unknown", ""))
-            distribution = distribution or "(the application)"
-            provides: dict[str, list[str]] = {}
-            for kind, offers in self._offers.items():
-                mine = sorted(n for n, offer in offers.items() if offer.plugin == name)
-                if mine:
-                    provides[kind] = mine
-            for hook in hookspecs.HOOK_NAMES:
-                if hook in _COLLECTORS.values():
-                    continue
-                if any(impl.plugin == name for impl in self._impls(hook)):
-                    provides.setdefault("hooks", []).append(hook)
-            result.append(PluginInfo(name, distribution, version, provides))
-        return result
+        hooks = {hook: self._impls(hook) for hook in hookspecs.HOOK_NAMES}
+        implementers = {
+            hook: {impl.plugin for impl in impls}
+            for hook, impls in hooks.items()
+            if hook not in COLLECTORS.values()
+        }
+        return describe(dict(self._registered()), self._origin, self._offers, implementers)
 
     # -- the request path -------------------------------------------------------------------
 
@@ -402,8 +287,9 @@ class Plugins:
 
         Plugins get the headers decoded, in a dict with lower-case names.
         """
-        if self.header_reader is not None:
-            return self.header_reader.read(scope["headers"])
+        if self.header_ticket is not None:
+            found = self.header_ticket(scope["headers"])
+            return Classification(found.tenant, found.priority)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         arguments = {"scope": scope, "headers": headers, "body": body, "settings": self.settings}
         for impl in self._classifiers:
@@ -416,7 +302,7 @@ class Plugins:
                 continue
             if answer is None:
                 continue
-            problem = _unusable(answer)
+            problem = unusable(answer)
             if problem is None:
                 return cast(Classification, answer)
             self._complain(impl.plugin, "hook obleth_classify_request", f"returned {problem}")
@@ -450,7 +336,7 @@ class Plugins:
 
     def complain(self, plugin: str, problem: str) -> None:
         """Log that ``plugin`` failed on the request path (rate-limited per plugin)."""
-        if self._may_complain(plugin):
+        if self._complaints.may(plugin):
             origin = self._origin_text(plugin)
             log.error("plugin %r (%s): %s; the request goes on without it", plugin, origin, problem)
 
@@ -468,21 +354,13 @@ class Plugins:
     def _complain(self, plugin: str, what: str, problem: str | None = None) -> None:
         """Log that ``what`` of ``plugin`` failed on the request path (``problem``, or the
         exception being handled), at most once a minute per plugin."""
-        if not self._may_complain(plugin):
+        if not self._complaints.may(plugin):
             return
         where = f"plugin {plugin!r} ({self._origin_text(plugin)}), {what}"
         if problem is None:
             log.exception("%s raised; the request goes on without it", where)
         else:
             log.error("%s %s; the request goes on without it", where, problem)
-
-    def _may_complain(self, plugin: str) -> bool:
-        """Whether a complaint about ``plugin`` may be logged now: one a minute per plugin."""
-        now = time.monotonic()
-        if now - self._last_complaint.get(plugin, -3600.0) < 60.0:
-            return False
-        self._last_complaint[plugin] = now
-        return True
 
     def _origin_text(self, plugin: str) -> str:
         return self.distribution_of(plugin) or "registered by the application"
@@ -495,99 +373,10 @@ class Plugins:
 
     def distribution_of(self, plugin: str) -> str:
         """``name version`` of the distribution a plugin came from, for messages."""
-        return _dist_label(self._origin.get(plugin, ("unknown", "")))
+        return dist_label(self._origin.get(plugin, ("unknown", "")))
 
 
 _APPLICATION: Final = ("", "")
-#: the attribute ``@hookimpl`` sets on a function: its options
-_MARK: Final = f"{ENTRY_POINT_GROUP}_impl"
-_HOOK_LIST: Final = ", ".join(hookspecs.HOOK_NAMES)
-_ACTIONS: Final[frozenset[str]] = frozenset(get_args(OverflowAction))
-
-
-class _ShieldedPolicy:
-    """An overflow policy whose faults are logged and answered ``queue``."""
-
-    __slots__ = ("_complain", "_decide", "_plugin")
-
-    def __init__(
-        self,
-        policy: OverflowPolicy,
-        plugin: str,
-        complain: Callable[..., None],
-    ) -> None:
-        self._decide = policy.decide
-        self._plugin = plugin
-        self._complain = complain
-
-    def decide(self, view: QueueView, ticket: Ticket) -> OverflowAction:
-        try:
-            action = self._decide(view, ticket)
-        except Exception:
-            self._complain(self._plugin, "its overflow policy's decide()")
-            return "queue"
-        if not isinstance(action, str) or action not in _ACTIONS:  # a list is no action
-            expected = ", ".join(sorted(_ACTIONS))
-            self._complain(
-                self._plugin,
-                "its overflow policy's decide()",
-                f"answered {action!r}, not one of {expected}",
-            )
-            return "queue"
-        return action
-
-
-def _unusable(answer: object) -> str | None:
-    """What makes a classifier's answer unusable, said for the log; None when it is usable."""
-    if not isinstance(answer, Classification):
-        return f"{answer!r}, not a Classification"
-    tenant, priority, routing_key, session_id = answer
-    if not isinstance(tenant, str) or not tenant:
-        return f"{answer!r}: the tenant must be a non-empty str"
-    if priority not in PRIORITIES:
-        return f"{answer!r}: the priority must be one of {', '.join(PRIORITIES)}"
-    if routing_key is not None and not isinstance(routing_key, bytes):
-        return f"{answer!r}: routing_key must be bytes or None"
-    if session_id is not None and not isinstance(session_id, str):
-        return f"{answer!r}: session_id must be a str or None"
-    return None
-
-
-def _unmarked_problem(attr: str, known: set[str]) -> str | None:
-    if not attr.startswith("obleth_"):
-        return None
-    if attr not in known:
-        return _no_hook(repr(attr), attr, known)
-    return (
-        f"defines {attr!r} without the @hookimpl marker, so it would never be called; "
-        "mark it (from gateway import hookimpl)"
-    )
-
-
-def _marked_problem(attr: str, options: dict[str, Any], known: set[str]) -> str | None:
-    hook = options.get("specname") or attr
-    what = f"{attr!r}" if hook == attr else f"{attr!r} (specname {hook!r})"
-    if hook not in known:
-        return _no_hook(what, hook, known)
-    if options.get("hookwrapper") or options.get("wrapper"):
-        return (
-            f"marks {what} as a hook wrapper, which Obleth does not call; "
-            "use tryfirst=True or trylast=True to order it instead"
-        )
-    return None
-
-
-def _no_hook(what: str, hook: str, known: set[str]) -> str:
-    """The problem of a function that implements ``hook``, which is not in ``known``."""
-    close = difflib.get_close_matches(hook, sorted(known), n=1)
-    guess = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"implements {what}, which is no Obleth hook{guess}; hooks are: {_HOOK_LIST}"
-
-
-def _dist_label(origin: tuple[str, str]) -> str:
-    """``name version``; empty for plugins the application registered in code."""
-    distribution, version = origin
-    return f"{distribution} {version}".strip()
 
 
 def _builtin_name(module: ModuleType) -> str:

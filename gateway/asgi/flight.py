@@ -1,0 +1,370 @@
+"""``Flight``: one admission-controlled request, from its classification to the release of
+its seats.
+
+The middleware hands each HTTP request that is not exempt to a new ``Flight``, as
+Starlette's middlewares hand a request to a responder. The flight holds what the request
+gathers on its way (its ticket, body, permit and routing decision) instead of passing it
+from call to call, and ends in one place, ``_land``: at the response's last chunk, through
+the flight's own ``send``, else in the one ``finally`` around the app. What every flight
+of one middleware shares (the gateway's parts, the settings it reads) is its
+``FlightPlan``, built once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Mapping
+from types import MappingProxyType
+
+from gateway.asgi.body import RequestBody
+from gateway.asgi.responses import send_bad_request, send_json_error, send_rejection
+from gateway.complaints import Complaints
+from gateway.core.memo import Memo
+from gateway.core.tickets import Ticket
+from gateway.core.tickets import ticket as make_ticket
+from gateway.errors import BadRequest, Disconnected, Rejected, Unroutable
+from gateway.gateway import Gateway
+from gateway.protocols import Classification, FreeSeats, Permit, RequestInfo
+from gateway.routing.request import RequestReader
+from gateway.routing.router import Decision
+from gateway.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("obleth")
+
+#: ``scope["state"]["obleth"]``: read-only, so one record can serve many requests
+Record = Mapping[str, object]
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+#: How many tickets' records of requests admitted without waiting are kept for reuse.
+_RECORDS_KEPT = 1024
+
+
+class FlightPlan:
+    """What every request through one middleware shares: the gateway's parts and the
+    settings the request path reads, looked up once."""
+
+    __slots__ = (
+        "app",
+        "complaints",
+        "default",
+        "free_seats",
+        "gateway",
+        "header_ticket",
+        "max_body",
+        "names_upstream",
+        "observes",
+        "plugins",
+        "reader",
+        "reads_body",
+        "records",
+        "retry_after_s",
+        "retry_unroutable_s",
+        "router",
+        "scheduler",
+    )
+
+    def __init__(self, app: ASGIApp, gateway: Gateway, complaints: Complaints) -> None:
+        config = gateway.settings
+        self.app = app
+        self.gateway = gateway
+        self.plugins = plugins = gateway.plugins
+        self.scheduler = gateway.scheduler
+        #: the backend's seats free right now (None when every grant needs I/O)
+        self.free_seats = gateway.scheduler.free_seats
+        self.router = router = gateway.router
+        #: reads what routing needs of a request; None without upstreams
+        self.reader = (
+            None
+            if router is None
+            else RequestReader(
+                router.fleet,
+                block_bytes=config.prefix_block_bytes,
+                session_header=config.session_header,
+            )
+        )
+        self.header_ticket = plugins.header_ticket
+        self.observes = plugins.observes
+        self.reads_body = plugins.wants_body or router is not None
+        self.max_body = config.max_body_bytes
+        self.default = Classification(config.default_tenant, config.default_priority)
+        self.names_upstream = bool(config.upstream_header)
+        self.retry_after_s = config.retry_after_s
+        #: a 503 for no healthy upstream may be retried after the next health check
+        self.retry_unroutable_s = config.upstream_poll_interval_s
+        #: the record of each recent ticket admitted without waiting nor routing, shared
+        #: by its requests (records are read-only)
+        self.records: Memo[Ticket, Record] = Memo(_RECORDS_KEPT)
+        self.complaints = complaints
+
+
+class Flight:
+    """One request on its way through the gateway; ``run()`` takes it from arrival to the
+    release of its seats, answering 400/413/429/503 itself when it cannot run.
+
+    What the caller may rely on: the seats (and the routing decision) are given back
+    exactly once, at the response's last chunk or when the app returns, whichever comes
+    first, however the app ends; a request refused or abandoned before the app runs holds
+    nothing.
+    """
+
+    __slots__ = (
+        "body",
+        "classification",
+        "decision",
+        "permit",
+        "plan",
+        "receive",
+        "scope",
+        "seats",
+        "send",
+        "ticket",
+    )
+
+    def __init__(self, plan: FlightPlan, scope: Scope, receive: Receive, send: Send) -> None:
+        self.plan = plan
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        #: the body, once something read it (classifiers, routing, the disconnect watch)
+        self.body: RequestBody | None = None
+        #: the classifier's answer; None when the header-only path classified
+        self.classification: Classification | None = None
+        #: the free seats the request's seats were taken from, while it holds them; else
+        #: the ``permit`` the scheduler granted after a wait holds them
+        self.seats: FreeSeats | None = None
+        self.permit: Permit | None = None
+        self.decision: Decision | None = None
+
+    async def run(self) -> None:
+        plan = self.plan
+        if not plan.gateway.started and not await self._start():
+            return
+        payload = None
+        try:
+            if plan.reads_body and _has_json_body(self.scope):
+                self.body = RequestBody(self.receive, plan.max_body)
+                payload = await self.body.read()
+            if plan.header_ticket is not None:
+                self.ticket = plan.header_ticket(self.scope["headers"])
+            else:
+                self.ticket = self._classify(payload)
+        except BadRequest as exc:
+            await send_bad_request(self.send, exc)
+            return
+        except Disconnected:
+            return
+        # a free seat is taken without a Permit: _land gives it back
+        if plan.free_seats is not None and plan.free_seats.take(self.ticket):
+            self.seats = plan.free_seats
+            if plan.observes:
+                plan.plugins.admitted(self._info(), 0.0)
+        elif not await self._wait():
+            return
+        if plan.observes:
+            await self._observed(payload)
+            return
+        try:
+            if plan.reader is None:
+                self._record()
+            elif not await self._route(payload):
+                return
+            receive = self.receive if self.body is None else self.body.replay
+            await plan.app(self.scope, receive, self._send)
+        finally:
+            self._land()
+
+    async def _observed(self, payload: bytes | None) -> None:
+        """``run``'s last part when plugins observe requests: they are told how it ended,
+        ``completed``, ``error`` or ``cancelled``."""
+        plan = self.plan
+        body = self.body
+        if body is None:
+            body = self.body = RequestBody(self.receive, plan.max_body)
+        started = time.monotonic()
+        outcome = "error"
+        try:
+            if plan.reader is None:
+                self._record()
+            elif not await self._route(payload):
+                return
+            await plan.app(self.scope, body.replay, self._send)
+            # the seats came back at the response's last chunk: the response is complete,
+            # whatever the app read afterwards (a server answers receive() with a
+            # disconnect once the response is done, and streaming responses listen)
+            cut_short = body.disconnected and self._holds_seats
+            outcome = "cancelled" if cut_short else "completed"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self._land()
+            plan.plugins.finished(self._info(), time.monotonic() - started, outcome)
+
+    async def _start(self) -> bool:
+        """Start a gateway that was never started (no lifespan) or was stopped: its free
+        seats stay closed until then. False when it cannot start: the request is
+        answered 503 ``gateway_not_started``."""
+        try:
+            await self.plan.gateway.start()
+        except Exception as exc:
+            await answer_not_started(self.send, exc, self.plan.complaints, self.plan.retry_after_s)
+            return False
+        return True
+
+    def _classify(self, payload: bytes | None) -> Ticket:
+        plan = self.plan
+        found = plan.plugins.classify(self.scope, payload) or plan.default
+        self.classification = found
+        return make_ticket(found.tenant, found.priority)
+
+    async def _wait(self) -> bool:
+        """Queue for seats, or answer 503/429; False when nobody is left to serve.
+
+        While it waits, the client is watched for a disconnect (see
+        ``RequestBody.watch_disconnect``); not a client that sent ``Expect: 100-continue``
+        and no body yet: reading would tell the server to ask for the body, which such a
+        client sends only to a server that will take it."""
+        plan = self.plan
+        body = self.body
+        if body is None:
+            body = self.body = RequestBody(self.receive, plan.max_body)
+        watch = (
+            None if not body.complete and _expects_continue(self.scope) else body.watch_disconnect
+        )
+        try:
+            permit = await plan.scheduler.acquire(self.ticket, disconnected=watch)
+        except Rejected as exc:
+            if plan.observes:
+                plan.plugins.rejected(self._info(), exc.reason)
+            await send_rejection(self.send, exc)
+            return False
+        except Disconnected:
+            return False
+        self.permit = permit
+        if plan.observes:
+            plan.plugins.admitted(self._info(), permit.waited_s)
+        return True
+
+    def _record(self, **routing: object) -> None:
+        """Put the request's record in the scope: ``scope["state"]["obleth"]``."""
+        waited_s = 0.0 if self.permit is None else self.permit.waited_s
+        shared = not (waited_s or routing)  # the same for every such request
+        record = self.plan.records.get(self.ticket) if shared else None
+        if record is None:
+            record = _record_of(self.ticket, waited_s, **routing)
+            if shared:
+                self.plan.records.keep(self.ticket, record)
+        try:
+            self.scope["state"]["obleth"] = record
+        except (KeyError, TypeError):  # the server gave no state, or None
+            self.scope["state"] = {"obleth": record}
+
+    async def _route(self, payload: bytes | None) -> bool:
+        """Choose the upstream and put the choice in the record; False when no upstream
+        can take the request and it was answered."""
+        plan = self.plan
+        assert plan.router is not None
+        assert plan.reader is not None
+        scope = self.scope
+        request = plan.reader.read(
+            scope["path"], scope["headers"], payload, self.ticket.tenant, self.classification
+        )
+        try:
+            decision = self.decision = plan.router.route(request)
+        except Unroutable as exc:
+            retry = plan.retry_unroutable_s if exc.status == 503 else None
+            await send_json_error(
+                self.send, exc.status, str(exc), code=exc.code, retry_after_s=retry
+            )
+            return False
+        if plan.plugins.observes_routing:
+            plan.plugins.routed(self._info(), decision.upstream, decision.scores)
+        self._record(upstream=decision.upstream, scores=decision.scores, route=decision)
+        return True
+
+    def _send(self, message: Message) -> Awaitable[None]:
+        """The app's ``send``: gives the seats back (and ends the routing decision) when the
+        app hands the server the response's last chunk, and names the upstream that
+        answered in ``x-obleth-upstream`` when ``upstream_header`` is on.
+
+        An app may take more event-loop turns to return after its last chunk (a proxy
+        closing its upstream connection, a streaming response tearing down, background
+        tasks), and the server may already be reading the client's next request on the
+        same connection: it must not find the previous request's seat still taken. The
+        work the seat stood for is done once the last chunk exists. A plain function
+        returning ``send``'s awaitable, not a coroutine of its own: it runs twice per
+        request."""
+        kind = message["type"]
+        if kind == "http.response.body":
+            if not message.get("more_body", False):
+                self._land()
+        elif kind == "http.response.start" and self.plan.names_upstream:
+            decision = self.decision
+            if decision is not None:
+                headers = list(message.get("headers", []))
+                headers.append((b"x-obleth-upstream", decision.upstream.encode("latin-1")))
+                message = {**message, "headers": headers}
+        return self.send(message)
+
+    def _land(self) -> None:
+        """Give the seats back and end the routing decision; counts once, however often it
+        is called (at the last chunk, then again by the ``finally`` around the app)."""
+        if self.decision is not None:
+            self.decision.finish()
+        seats = self.seats
+        if seats is not None:
+            self.seats = None
+            seats.give_back(self.ticket)
+        elif self.permit is not None:
+            self.permit.release()
+
+    @property
+    def _holds_seats(self) -> bool:
+        permit = self.permit
+        return self.seats is not None or (permit is not None and not permit.released)
+
+    def _info(self) -> RequestInfo:
+        scope = self.scope
+        return RequestInfo(self.ticket.tenant, self.ticket.priority, scope["method"], scope["path"])
+
+
+async def answer_not_started(
+    send: Send, error: Exception, complaints: Complaints, retry_after_s: float
+) -> None:
+    """503 for a request that found the gateway unable to start (no lifespan told the
+    server); the reason goes to the log, at most once a minute."""
+    if complaints.may("start"):
+        log.error("the gateway could not start, so it admits nothing: %s", error)
+    await send_json_error(
+        send,
+        503,
+        "the gateway could not start, so it admits no request; the server's log says why",
+        code="gateway_not_started",
+        retry_after_s=retry_after_s,
+    )
+
+
+def _record_of(ticket: Ticket, waited_s: float, **routing: object) -> Record:
+    """What the app can read about its admitted request, in ``scope["state"]["obleth"]``."""
+    record = {"tenant": ticket.tenant, "priority": ticket.priority, "waited_s": waited_s}
+    return MappingProxyType(record | routing)
+
+
+def _expects_continue(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"expect":
+            return bool(value.strip().lower() == b"100-continue")
+    return False
+
+
+def _has_json_body(scope: Scope) -> bool:
+    """JSON bodies are read for classifiers and the router; anything else streams to the app."""
+    if scope["method"] not in _BODY_METHODS:
+        return False
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return bool(value.lower().startswith(b"application/json"))
+    return False

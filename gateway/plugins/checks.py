@@ -1,0 +1,116 @@
+"""What the facade checks of plugins before it trusts them: hook names, offers and
+classifier answers. Each check returns the problem as a sentence for the user (the
+caller names the plugin and its distribution), or None when there is none.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+from typing import Any, Final
+
+from gateway import hookspecs
+from gateway.core.tickets import PRIORITIES
+from gateway.errors import PluginError
+from gateway.protocols import Classification
+
+#: the name under which plugins register and entry points are grouped
+ENTRY_POINT_GROUP: Final = "obleth"
+#: the attribute ``@hookimpl`` sets on a function: its options
+MARK: Final = f"{ENTRY_POINT_GROUP}_impl"
+#: what a provider, policy or scorer may be called: lower-case kebab-case
+NAME: Final = re.compile(r"^[a-z0-9]+(?:[-.][a-z0-9]+)*$")
+_HOOK_LIST: Final = ", ".join(hookspecs.HOOK_NAMES)
+
+
+def hook_problems(plugin: object) -> list[str]:
+    """What pluggy would silently pass over in ``plugin``, or call in a way Obleth does
+    not: a misspelled hook (or ``specname``), a hook function without the marker, a
+    wrapper.
+
+    A marked function implements the hook its ``specname`` names, else the one its own
+    name does; an unmarked one is looked at only when its name starts with ``obleth_``.
+    """
+    known = set(hookspecs.HOOK_NAMES)
+    problems = []
+    for attr in dir(plugin):
+        function = getattr(plugin, attr, None)
+        if not inspect.isroutine(function):
+            continue
+        options = getattr(function, MARK, None)
+        if not isinstance(options, dict):
+            problem = unmarked_problem(attr, known)
+        else:
+            problem = marked_problem(attr, options, known)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+def unmarked_problem(attr: str, known: set[str]) -> str | None:
+    """The problem of a function ``attr`` of a plugin, without the ``@hookimpl`` marker."""
+    if not attr.startswith("obleth_"):
+        return None
+    if attr not in known:
+        return _no_hook(repr(attr), attr, known)
+    return (
+        f"defines {attr!r} without the @hookimpl marker, so it would never be called; "
+        "mark it (from gateway import hookimpl)"
+    )
+
+
+def marked_problem(attr: str, options: dict[str, Any], known: set[str]) -> str | None:
+    """The problem of a function ``attr`` marked with ``@hookimpl(**options)``."""
+    hook = options.get("specname") or attr
+    what = f"{attr!r}" if hook == attr else f"{attr!r} (specname {hook!r})"
+    if hook not in known:
+        return _no_hook(what, hook, known)
+    if options.get("hookwrapper") or options.get("wrapper"):
+        return (
+            f"marks {what} as a hook wrapper, which Obleth does not call; "
+            "use tryfirst=True or trylast=True to order it instead"
+        )
+    return None
+
+
+def _no_hook(what: str, hook: str, known: set[str]) -> str:
+    """The problem of a function that implements ``hook``, which is not in ``known``."""
+    close = difflib.get_close_matches(hook, sorted(known), n=1)
+    guess = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"implements {what}, which is no Obleth hook{guess}; hooks are: {_HOOK_LIST}"
+
+
+def unusable(answer: object) -> str | None:
+    """What makes a classifier's answer unusable, said for the log; None when it is usable."""
+    if not isinstance(answer, Classification):
+        return f"{answer!r}, not a Classification"
+    tenant, priority, routing_key, session_id = answer
+    if not isinstance(tenant, str) or not tenant:
+        return f"{answer!r}: the tenant must be a non-empty str"
+    if priority not in PRIORITIES:
+        return f"{answer!r}: the priority must be one of {', '.join(PRIORITIES)}"
+    if routing_key is not None and not isinstance(routing_key, bytes):
+        return f"{answer!r}: routing_key must be bytes or None"
+    if session_id is not None and not isinstance(session_id, str):
+        return f"{answer!r}: session_id must be a str or None"
+    return None
+
+
+def load_problem(name: str, target: str, origin: tuple[str, str], error: Exception) -> PluginError:
+    """The error of entry point ``name`` (``target``, from distribution ``origin``) whose
+    import raised ``error``."""
+    problem = PluginError(
+        name,
+        f"failed to load {target!r}: {type(error).__name__}: {error}. Fix or uninstall "
+        f"{origin[0]}, or skip it with OBLETH_DISABLE_PLUGINS={name}",
+        distribution=dist_label(origin),
+    )
+    problem.__cause__ = error
+    return problem
+
+
+def dist_label(origin: tuple[str, str]) -> str:
+    """``name version``; empty for plugins the application registered in code."""
+    distribution, version = origin
+    return f"{distribution} {version}".strip()
