@@ -13,7 +13,7 @@ import pytest
 
 from gateway import GatewayMiddleware, Settings
 from gateway.loopback import serve_in_thread
-from gateway.proxy.client import KEEPALIVE_EXPIRY_S
+from gateway.routing.httpclient import KEEPALIVE_EXPIRY_S
 from gateway.sim import SimConfig, create_app
 
 LIMIT = 12

@@ -16,12 +16,12 @@ from gateway.proxy.exchange import RETRY_BODY_BYTES, forward
 from gateway.proxy.forwarding import TrustedProxies
 from gateway.proxy.upstream import (
     UpstreamChoice,
-    parse_upstream,
     route_of,
     routed_upstream,
     target_url,
     unforwardable_path,
 )
+from gateway.routing.upstreams import parse_upstream
 from gateway.types import Receive, Scope, Send
 
 log = logging.getLogger("obleth.proxy")

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-# Below uvicorn's default keep-alive timeout (5 s): a pooled connection is dropped by us
-# before the upstream closes it, so a request is never written into a closing socket.
-KEEPALIVE_EXPIRY_S = 4.0
+from gateway.routing.httpclient import pooled_limits
 
 
 def upstream_client(*, connect_timeout_s: float, max_connections: int) -> httpx.AsyncClient:
@@ -18,18 +16,14 @@ def upstream_client(*, connect_timeout_s: float, max_connections: int) -> httpx.
       could not: it is one value for the response headers and every body chunk alike.
     - ``connect_timeout_s`` bounds both connecting and waiting for a free pooled
       connection, so an unreachable or saturated upstream is answered, not waited on.
-    - Up to ``max_connections`` connections, all of them kept alive between requests:
-      concurrent streams each hold one, and reconnecting under load costs latency.
+    - Up to ``max_connections`` connections, all of them kept alive between requests
+      (``pooled_limits``): concurrent streams each hold one.
     - The environment is ignored (``trust_env=False``): proxy variables such as
       ``HTTP_PROXY`` must not reroute traffic to internal upstreams.
     - Redirects are not followed: they are answers for the client.
     """
     return httpx.AsyncClient(
-        limits=httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
-            keepalive_expiry=KEEPALIVE_EXPIRY_S,
-        ),
+        limits=pooled_limits(max_connections),
         timeout=httpx.Timeout(
             connect=connect_timeout_s, read=None, write=None, pool=connect_timeout_s
         ),

@@ -56,7 +56,8 @@ from gateway.errors import ConfigError, Disconnected
 from gateway.proxy.forwarding import TrustedProxies, upstream_headers
 from gateway.proxy.headers import to_client
 from gateway.proxy.inbound import ClientSend, Inbound
-from gateway.proxy.upstream import Reroutable, parse_upstream, target_url
+from gateway.proxy.upstream import Reroutable, target_url
+from gateway.routing.upstreams import parse_upstream
 from gateway.types import Receive, Scope, Send
 
 log = logging.getLogger("obleth.proxy")

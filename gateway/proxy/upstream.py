@@ -9,14 +9,12 @@ one fails before answering.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote
 
 import httpx
 
-from gateway.errors import ConfigError
 from gateway.types import Scope
 
 UpstreamChoice = Callable[[Scope], str | None]
@@ -73,28 +71,6 @@ def _routed(scope: Scope, key: str) -> Any:
     if not isinstance(obleth, Mapping):
         return None
     return obleth.get(key)
-
-
-@functools.lru_cache(maxsize=256)
-def parse_upstream(url: str, setting: str = "upstream") -> httpx.URL:
-    """``url`` checked as an upstream base URL: http(s), a host, no query or fragment.
-
-    The path, if any, is a prefix put in front of every forwarded path. Raises
-    ``ConfigError`` naming ``setting``. Cached: routers hand the same few strings over and
-    over, and parsing them on every request would be wasted work.
-    """
-    expected = "expected an http:// or https:// base URL, e.g. http://127.0.0.1:8000"
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError):
-        raise ConfigError(setting, url, expected) from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigError(setting, url, expected)
-    if parsed.query or parsed.fragment:
-        raise ConfigError(setting, url, f"{expected}, without a query or fragment")
-    if parsed.port is not None and not 1 <= parsed.port <= 65535:
-        raise ConfigError(setting, url, f"port {parsed.port} is out of range (1-65535); {expected}")
-    return parsed
 
 
 def unforwardable_path(scope: Scope) -> str | None:

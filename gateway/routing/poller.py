@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import httpx
 
-from gateway.proxy.client import KEEPALIVE_EXPIRY_S
-from gateway.proxy.upstream import parse_upstream
+from gateway.routing.httpclient import pooled_limits
 from gateway.routing.metricnames import reading_from_text
 from gateway.routing.readings import Readings
+from gateway.routing.upstreams import parse_upstream
 
 log = logging.getLogger("obleth.routing")
 
@@ -236,13 +236,8 @@ def _join(base: str, path: str) -> str:
 def _own_client(upstreams: int, timeout_s: float) -> httpx.AsyncClient:
     # Two requests per upstream per round, and rounds never overlap: with that many
     # connections no request waits for the pool behind a hanging upstream's.
-    connections = max(2, 2 * upstreams)
     return httpx.AsyncClient(
-        limits=httpx.Limits(
-            max_connections=connections,
-            max_keepalive_connections=connections,
-            keepalive_expiry=KEEPALIVE_EXPIRY_S,
-        ),
+        limits=pooled_limits(max(2, 2 * upstreams)),
         timeout=timeout_s,
         trust_env=False,
         follow_redirects=False,

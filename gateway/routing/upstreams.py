@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+import httpx
+
+from gateway.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +37,7 @@ class UpstreamSyntaxError(ValueError):
 
 def parse_upstream_entry(entry: object) -> Upstream:
     """``"http://h:8000"``, ``"http://h:8000=llama|qwen"``, an ``Upstream``, or a mapping
-    ``{"url": ..., "models": [...]}``; the URL itself is checked by the caller."""
+    ``{"url": ..., "models": [...]}``; the URL itself is checked by ``parse_upstream``."""
     if isinstance(entry, Upstream):
         return entry
     if isinstance(entry, Mapping):
@@ -57,3 +62,25 @@ def _models(models: object, entry: object) -> frozenset[str] | None:
     if not names:
         raise UpstreamSyntaxError(f"{entry!r} names no model after '='")
     return names
+
+
+@functools.lru_cache(maxsize=256)
+def parse_upstream(url: str, setting: str = "upstream") -> httpx.URL:
+    """``url`` checked as an upstream base URL: http(s), a host, no query or fragment.
+
+    The path, if any, is a prefix put in front of every forwarded path. Raises
+    ``ConfigError`` naming ``setting``. Cached: routers hand the same few strings over and
+    over, and parsing them on every request would be wasted work.
+    """
+    expected = "expected an http:// or https:// base URL, e.g. http://127.0.0.1:8000"
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError):
+        raise ConfigError(setting, url, expected) from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(setting, url, expected)
+    if parsed.query or parsed.fragment:
+        raise ConfigError(setting, url, f"{expected}, without a query or fragment")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ConfigError(setting, url, f"port {parsed.port} is out of range (1-65535); {expected}")
+    return parsed

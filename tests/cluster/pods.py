@@ -39,7 +39,7 @@ from typing import Any, Self, TypeVar
 
 import httpx
 
-from gateway.proxy.client import KEEPALIVE_EXPIRY_S
+from gateway.routing.httpclient import KEEPALIVE_EXPIRY_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"

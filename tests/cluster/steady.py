@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from gateway.proxy.client import KEEPALIVE_EXPIRY_S
+from gateway.routing.httpclient import KEEPALIVE_EXPIRY_S
 from tests.cluster.pods import error_code
 
 

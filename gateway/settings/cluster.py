@@ -1,0 +1,127 @@
+"""Checks of the cluster-mode settings: the Redis URL, the pool, leases, roll calls and
+what happens when Redis cannot be reached; and ``shown_url``, a URL without its password.
+
+Checks are called as those of ``checks.py`` are (see there).
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from typing import TYPE_CHECKING, Any
+
+from gateway.core.numbers import finite
+from gateway.settings.checks import check_seconds
+
+if TYPE_CHECKING:
+    from gateway.settings.fields import Settings
+
+#: The shortest lease TTL: renewing more often than every 0.17 s costs Redis calls for
+#: nothing, and under load the renewals fall behind and seats are given away.
+MIN_LEASE_TTL_S = 0.5
+
+
+def check_lease_ttl(settings: Settings, name: str, value: Any) -> float:
+    ttl = check_seconds(settings, name, value)
+    if ttl < MIN_LEASE_TTL_S:
+        raise settings.error(
+            name, value, f"expected at least {MIN_LEASE_TTL_S} seconds (pods renew every third)"
+        )
+    return ttl
+
+
+def check_retry_budget(settings: Settings, name: str, value: Any) -> float:
+    """The budget, checked against ``lease_ttl_s`` (checked before it): a pod that keeps
+    retrying a silent Redis for the budget must not have lost its leases meanwhile."""
+    budget = check_seconds(settings, name, value)
+    ttl = settings.lease_ttl_s
+    if ttl < 1.5 * budget:
+        raise settings.error(
+            "lease_ttl_s",
+            ttl,
+            f"a pod retrying Redis for {settings.label(name)}={budget:g} s would lose its "
+            f"leases meanwhile; expected at least 1.5 x that ({1.5 * budget:g} s), or a "
+            "shorter budget",
+        )
+    return budget
+
+
+_REDIS_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
+_HOST = re.compile(r"^[A-Za-z0-9_.:%-]+$")
+_POOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or "://" not in value:
+        raise settings.error(
+            name, value, "expected a URL like redis://redis:6379/0 (or leave it unset)"
+        )
+    scheme = value.split("://", 1)[0].lower()
+    if scheme not in _REDIS_SCHEMES:
+        raise settings.error(
+            name, value, f"unknown scheme {scheme!r}; expected one of {', '.join(_REDIS_SCHEMES)}"
+        )
+    if scheme not in ("redis", "rediss"):
+        return value.strip()  # checked where sentinel and cluster URLs, several hosts, are parsed
+    url = urllib.parse.urlsplit(value.strip())
+    shown = _without_password(url)
+    try:
+        port = url.port
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        raise settings.error(name, shown, "the port must be a number from 1 to 65535")
+    if url.hostname is not None and not _HOST.match(url.hostname):
+        raise settings.error(name, shown, f"{url.hostname!r} is no host name or address")
+    database = url.path.strip("/")
+    if database and not database.isdigit():
+        raise settings.error(name, shown, "the path must be a database number, such as /0")
+    return value.strip()
+
+
+def shown_url(url: str) -> str:
+    """``url`` for a message or a log line: a password in it is replaced by ``***``."""
+    return _without_password(urllib.parse.urlsplit(url))
+
+
+def _without_password(url: urllib.parse.SplitResult) -> str:
+    """The URL for an error message: a password in it is replaced by ``***``."""
+    if url.password is None:
+        return url.geturl()
+    user, _, host = url.netloc.rpartition("@")
+    name = user.split(":", 1)[0]
+    return url._replace(netloc=f"{name}:***@{host}").geturl()
+
+
+def check_pool(settings: Settings, name: str, value: Any) -> str:
+    if not isinstance(value, str) or not _POOL_NAME.match(value):
+        raise settings.error(
+            name, value, "expected 1 to 64 letters, digits or . _ : - (it becomes a Redis hash tag)"
+        )
+    return value
+
+
+def check_failure_mode(settings: Settings, name: str, value: Any) -> str:
+    if value not in ("local", "open", "closed"):
+        raise settings.error(name, value, "expected local, open or closed")
+    return str(value)
+
+
+def check_optional_window(settings: Settings, name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
+        raise settings.error(name, value, "expected a number of seconds (0 or more), or unset")
+    if value < 0:
+        raise settings.error(name, value, "expected a number of seconds (0 or more), or unset")
+    return float(value)

@@ -1,0 +1,162 @@
+"""Settings declared once: ``setting()``, the dataclass field that carries a setting's
+parser, check and doc line; ``Spec``, what one declaration holds; and ``Declared``, the
+base class that turns a dataclass of such fields into validated settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Self, TypeVar, cast
+
+from gateway.errors import ConfigError
+from gateway.settings.environ import ENV_PREFIX, check_env_names, read_environ, unknown_setting
+
+_T = TypeVar("_T")
+
+EnvParser = Callable[[str, str], Any]
+"""``parse(key, text)``: the value of variable ``key`` written as ``text`` (see ``parsers``)."""
+
+Check = Callable[[Any, str, Any], Any]
+"""``check(settings, name, value)``: ``value`` normalised, or ``ConfigError`` naming the
+setting as the user wrote it (see ``checks``)."""
+
+_METADATA_KEY = "obleth.setting"
+
+
+@dataclass(frozen=True, slots=True)
+class _Declaration:
+    doc: str
+    parse: EnvParser
+    check: Check
+    shown_default: str | None
+
+
+def setting(
+    default: _T,
+    *,
+    doc: str,
+    parse: EnvParser,
+    check: Check,
+    shown_default: str | None = None,
+) -> _T:
+    """A field of a ``Declared`` dataclass: a setting with its ``default``, read from
+    ``OBLETH_<NAME>`` by ``parse``, checked by ``check`` and described by ``doc``.
+
+    ``doc`` is one line of Markdown, the setting's row in the reference table of
+    docs/configuration.md (``python -m gateway.settings.doctable`` writes it there).
+    ``shown_default`` stands in that table for a default the value would misdescribe, such
+    as a None that means "computed from other settings". A mapping default is frozen and
+    handed out by a factory, as dataclasses refuse mutable defaults.
+    """
+    metadata = {_METADATA_KEY: _Declaration(doc, parse, check, shown_default)}
+    if isinstance(default, Mapping):
+        frozen = MappingProxyType(dict(default))
+        return field(default_factory=cast("Callable[[], _T]", lambda: frozen), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One setting as declared: its name and default, and what ``setting()`` was given."""
+
+    name: str
+    default: Any
+    doc: str
+    parse: EnvParser
+    check: Check
+    shown_default: str | None
+
+    @property
+    def env(self) -> str:
+        """The setting's environment variable, ``OBLETH_<NAME>``."""
+        return ENV_PREFIX + self.name.upper()
+
+
+_specs_by_class: dict[type, Mapping[str, Spec]] = {}
+
+
+def specs_of(cls: type) -> Mapping[str, Spec]:
+    """The settings declared on the dataclass ``cls``, by name, in declaration order."""
+    specs = _specs_by_class.get(cls)
+    if specs is None:
+        specs = _specs_by_class[cls] = MappingProxyType(_declared_on(cls))
+    return specs
+
+
+def _declared_on(cls: type) -> dict[str, Spec]:
+    specs: dict[str, Spec] = {}
+    for each in dataclasses.fields(cls):
+        declared = each.metadata.get(_METADATA_KEY)
+        if declared is None:
+            continue
+        factory = each.default_factory
+        default = factory() if callable(factory) else each.default
+        specs[each.name] = Spec(
+            each.name,
+            default,
+            declared.doc,
+            declared.parse,
+            declared.check,
+            declared.shown_default,
+        )
+    return specs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Declared:
+    """What a frozen dataclass of ``setting()`` fields can rely on:
+
+    - a keyword that is no setting is a ``ConfigError`` suggesting the closest name (it is
+      caught in ``__new__``, before the generated ``__init__`` would raise a bare
+      ``TypeError``);
+    - every value is checked, in declaration order, whenever an instance is built
+      (``replace`` and ``dataclasses.replace`` included);
+    - ``from_env`` reads ``OBLETH_*`` variables; ``label`` and ``error`` name a setting
+      as the user wrote it.
+    """
+
+    env_names: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    """The settings read from ``OBLETH_*`` variables (by ``from_env``; the others were given
+    as keywords, such as a command's flags), so that errors name what the user wrote."""
+
+    def __new__(cls, *args: Any, **values: Any) -> Self:
+        specs = specs_of(cls)
+        for name, value in values.items():
+            if name == "env_names":
+                check_env_names(value, specs)
+            elif name not in specs:
+                raise unknown_setting(name, value, list(specs))
+        return super().__new__(cls)
+
+    def __post_init__(self) -> None:
+        for spec in specs_of(type(self)).values():
+            value = spec.check(self, spec.name, getattr(self, spec.name))
+            object.__setattr__(self, spec.name, value)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        """Settings from ``OBLETH_*`` variables; keyword ``overrides`` win over them.
+
+        An ``OBLETH_*`` variable that is no setting is an error (a typo must not be
+        silently ignored).
+        """
+        values = read_environ(os.environ if environ is None else environ, specs_of(cls))
+        from_env = frozenset(values) - frozenset(overrides)
+        values.update(overrides)
+        return cls(**values, env_names=from_env)
+
+    def label(self, name: str) -> str:
+        """The setting as the user wrote it: the environment variable or the keyword."""
+        return ENV_PREFIX + name.upper() if name in self.env_names else name
+
+    def error(self, name: str, value: object, expected: str) -> ConfigError:
+        """The error for setting ``name`` given ``value``, naming it as the user wrote it."""
+        return ConfigError(self.label(name), value, expected)
+
+    def replace(self, **changes: Any) -> Self:
+        """These settings with ``changes``, given as keywords (an error names them so)."""
+        return dataclasses.replace(self, **changes, env_names=self.env_names - set(changes))
