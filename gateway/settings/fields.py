@@ -113,7 +113,7 @@ class Settings(Declared):
     )
     # setting() returns a dataclasses.Field, as field() does: nothing is shared between
     # instances (ruff cannot tell from an alias such as Priority that the type is immutable)
-    default_priority: Priority = setting(  # noqa: RUF009
+    default_priority: Priority = setting(
         "standard",
         doc="Priority of requests that do not (or may not) state one.",
         parse=parsers.env_text,
