@@ -39,11 +39,14 @@ class CapacityProvider(Protocol):
 class OverflowPolicy(Protocol):
     """Decides what happens to a request that finds no free seat.
 
-    ``decide`` is called on the request path, so no I/O. It answers ``"queue"`` (wait for
-    a seat, bounded by ``max_queue`` and ``queue_timeout_s``), ``"reject"`` (answer 503 at
-    once) or ``"evict"`` (queue the newcomer and, if the queue is full, drop the oldest
-    waiter of the heaviest tenant, never one of a more urgent class than the newcomer's).
-    A ``background`` request and a tenant over its cap never reach the policy.
+    ``decide`` is called on the request path, so no I/O. The four actions differ in what
+    happens when the queue (bounded by ``max_queue``) is full: ``"wait"`` waits for room,
+    first come first served, and is never refused for it (``block``); ``"queue"`` is
+    answered 503 ``queue_full`` (``drop-newest``); ``"evict"`` drops the oldest waiter of
+    the heaviest tenant, never one of a more urgent class than the newcomer's
+    (``drop-oldest``); ``"reject"`` never waits at all (``reject``: 503 ``over_capacity``).
+    Every waiter gives up after ``queue_timeout_s``. A ``background`` request and a tenant
+    over its cap never reach the policy.
     """
 
     def decide(self, view: QueueView, ticket: Ticket) -> OverflowAction: ...

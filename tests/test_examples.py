@@ -51,7 +51,7 @@ def test_chat_app_answers_503_past_the_limit_while_streams_hold_the_seats() -> N
         assert after.json()["choices"][0]["message"]["content"].endswith("tenants.")
 
     with chat_app(
-        global_max_in_flight="2", tenant_header="x-tenant", overflow_policy="drop-newest"
+        global_max_in_flight="2", tenant_header="x-tenant", overflow_policy="reject"
     ) as server:
         asyncio.run(scenario(server.url))
 

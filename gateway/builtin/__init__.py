@@ -12,6 +12,7 @@ DEFAULT_PLUGINS: Final[tuple[str, ...]] = (
     "gateway.builtin.overflow_block",
     "gateway.builtin.overflow_drop_newest",
     "gateway.builtin.overflow_drop_oldest",
+    "gateway.builtin.overflow_reject",
     "gateway.builtin.classifier",
     "gateway.builtin.scorer_prefix_affinity",
     "gateway.builtin.scorer_queue_depth",

@@ -1,5 +1,6 @@
-"""The ``block`` overflow policy: wait for a seat up to the timeout; a full queue rejects
-the newcomer (503 ``queue_full``)."""
+"""The ``block`` overflow policy (the default): the newcomer waits for a seat up to
+``queue_timeout_s``, in the queue while it has room, else for room, first come first served.
+A full queue never refuses it; only the timeout ends its wait (503 ``queue_timeout``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ class Block:
         pass
 
     def decide(self, view: QueueView, ticket: Ticket) -> OverflowAction:
-        return "queue"
+        return "wait"
 
 
 @hookimpl(trylast=True)

@@ -1,5 +1,6 @@
-"""The ``drop-newest`` overflow policy: when no seat is free, reject the newcomer at once
-(503 ``over_capacity``); nothing ever waits."""
+"""The ``drop-newest`` overflow policy: the newcomer waits for a seat up to
+``queue_timeout_s`` while the queue has room; when the queue is full it is refused at once
+(503 ``queue_full``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ class DropNewest:
         pass
 
     def decide(self, view: QueueView, ticket: Ticket) -> OverflowAction:
-        return "reject"
+        return "queue"
 
 
 @hookimpl(trylast=True)

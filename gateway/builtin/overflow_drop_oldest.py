@@ -1,7 +1,9 @@
-"""The ``drop-oldest`` overflow policy: queue the newcomer; when the queue is full, evict
-the oldest waiter of the tenant with the largest weighted share (503 ``evicted``), never
-one of a more urgent class than the newcomer's. A light tenant next to a flooding one
-keeps getting through, because the flooder's own waiters make room."""
+"""The ``drop-oldest`` overflow policy: the newcomer waits for a seat up to
+``queue_timeout_s``; when the queue is full, the oldest waiter of the tenant with the
+largest weighted share (running plus waiting) is evicted (503 ``evicted``) and the
+newcomer takes its place, never one of a more urgent class than the newcomer's (then the
+newcomer gets 503 ``queue_full``). A light tenant next to a flooding one keeps getting
+through, because the flooder's own waiters make room."""
 
 from __future__ import annotations
 

@@ -34,7 +34,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load (20)")
     parser.add_argument("--limit", type=int, default=16, help="global_max_in_flight (16)")
     parser.add_argument(
-        "--policy", default="block", help="overflow policy: block, drop-newest, drop-oldest"
+        "--policy",
+        default="block",
+        help="overflow policy: block (the default; waits, for room when the queue is full), "
+        "drop-newest (queue_full when the queue is full), drop-oldest (evicts the heaviest "
+        "tenant's oldest waiter), reject (never waits: over_capacity), or a plugin's policy",
     )
     parser.add_argument(
         "--tenants",
@@ -49,9 +53,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--max-queue",
         type=int,
         default=None,
-        help=f"max_queue, the most requests waiting at once (the setting's default, "
-        f"{Settings.max_queue}, which this load never fills; try 24 to see the overflow "
-        "policies differ)",
+        help=f"max_queue, the most requests waiting in the queue at once (the setting's "
+        f"default, {Settings.max_queue}, which this load never fills; try 24 to see block, "
+        "drop-newest and drop-oldest differ)",
     )
     parser.set_defaults(run=run)
 

@@ -2,8 +2,18 @@
 
 The overflow policy is consulted only when the request can neither be granted at once
 nor refused by a rule that no policy may override (a tenant over its cap, a ``background``
-request that may not wait). The queue bound is an invariant, not a policy choice: a policy
-that answers "queue" when the queue is full gets ``queue_full``.
+request that may not wait). It answers one of four actions, which differ in what happens
+when the queue (bounded by ``max_queue``) is full:
+
+- ``"wait"`` (``block``): wait in the queue; when it is full, wait for room in the lobby,
+  first come first served. Never refused for a full queue.
+- ``"queue"`` (``drop-newest``): wait in the queue; when it is full, ``queue_full``.
+- ``"evict"`` (``drop-oldest``): wait in the queue; when it is full, the oldest waiter of
+  the heaviest tenant is evicted to make room (``queue_full`` when none may be).
+- ``"reject"`` (``reject``): never wait: ``over_capacity`` (``queue_full`` when the queue
+  is full).
+
+The queue bound is an invariant, not a policy choice: only the lobby is outside it.
 """
 
 from __future__ import annotations
@@ -13,11 +23,11 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from gateway.core.fairqueue import FairQueue, Waiter
+from gateway.core.reasons import RejectReason
 from gateway.core.tickets import NO_WAIT_RANK, Ticket
-from gateway.errors import RejectReason
 
-#: What an overflow policy may answer when no seat is free.
-OverflowAction = Literal["queue", "reject", "evict"]
+#: What an overflow policy may answer when no seat is free (see the module docstring).
+OverflowAction = Literal["queue", "wait", "reject", "evict"]
 
 
 class QueueView(Protocol):
@@ -43,7 +53,8 @@ class Granted:
 
 @dataclass(frozen=True, slots=True)
 class Queued:
-    """The request waits; ``evicted`` was taken out of the queue to make room."""
+    """The request waits (in the queue or in its lobby); ``evicted`` was taken out of the
+    queue to make room."""
 
     waiter: Waiter
     evicted: Waiter | None = None
@@ -77,6 +88,8 @@ def admit(
     if ticket.rank >= NO_WAIT_RANK:
         return Refused("no_wait")
     action = decide(queue, ticket)
+    if action == "wait":
+        return Queued(queue.wait(ticket, now, handle))
     if action == "reject":
         return Refused("queue_full" if queue.queue_full else "over_capacity")
     evicted = None
@@ -86,12 +99,13 @@ def admit(
         evicted = queue.eviction_victim(ticket.rank)
         if evicted is None:
             return Refused("queue_full")
-        queue.remove(evicted)
+        queue.remove(evicted, refill=False)  # the newcomer takes its place
     return Queued(queue.enqueue(ticket, now, handle), evicted)
 
 
 def dispatch(queue: FairQueue, limit: int) -> list[Waiter]:
-    """Grant waiters, most deserving first, while their seats fit under ``limit``."""
+    """Grant waiters, most deserving first, while their seats fit under ``limit``; the
+    lobby's oldest enter the queue as grants make room."""
     granted = []
     while (waiter := queue.pop_grantable(limit)) is not None:
         granted.append(waiter)

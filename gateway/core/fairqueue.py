@@ -12,6 +12,12 @@ weight``, heaviest first). A tenant's keys change whenever its seats, its queue 
 head change; instead of re-sorting, a fresh entry is pushed with a new version and older
 entries are skipped when they surface, so every decision costs O(log tenants) amortized.
 While nobody waits, none of this runs.
+
+``max_queue`` bounds the queue. A request whose policy answers ``"wait"`` (``block``) and
+finds the queue full waits in the ``Lobby`` instead, outside the bound, and enters the
+queue in arrival order as soon as it has room; the lobby is never occupied while the
+queue has room. Everything that counts a tenant's waiting requests (its cap, its load for
+eviction, snapshots) counts its requests in the lobby too.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from gateway.core.lobby import Lobby
 from gateway.core.tickets import PRIORITIES, Ticket
 
 _RANKS = range(len(PRIORITIES))
@@ -90,8 +97,15 @@ class FairQueue:
         default_cap: int | None = None,
     ) -> None:
         self.max_queue = max_queue
+        # how many may wait in the queue before a "wait" request goes to the lobby: with
+        # max_queue = 0 one still waits at the head (a hand-off, as on a channel without a
+        # buffer), else a request under block could never reach a seat
+        self._room = max(max_queue, 1)
         self.inflight = 0
+        #: waiters in the queue (not in the lobby)
         self.queued = 0
+        #: waiters for room in the full queue, first come first served (read-only outside)
+        self.lobby = Lobby()
         self._weights = dict(weights or {})
         self._default_weight = default_weight
         self._caps = dict(tenant_caps or {})
@@ -123,6 +137,7 @@ class FairQueue:
         return self._tenant_inflight.get(tenant, 0)
 
     def tenant_queued(self, tenant: str) -> int:
+        """The tenant's waiting requests, in the queue and in the lobby."""
         return self._tenant_queued.get(tenant, 0)
 
     def tenants(self) -> set[str]:
@@ -130,8 +145,10 @@ class FairQueue:
         return set(self._tenant_inflight) | set(self._tenant_queued)
 
     def queued_by_class(self, tenant: str) -> dict[str, int]:
+        """The tenant's waiting requests by class, in the queue and in the lobby."""
         return {
             PRIORITIES[rank]: sum(1 for w in self._queues[rank].get(tenant, ()) if w.alive)
+            + self.lobby.waiting(tenant, rank)
             for rank in _RANKS
         }
 
@@ -142,9 +159,11 @@ class FairQueue:
         return any(self._rank_queued[r] for r in range(rank + 1))
 
     def waiters(self) -> Iterator[Waiter]:
+        """Every waiter: the queue's, then the lobby's."""
         for rank in _RANKS:
             for queue in self._queues[rank].values():
                 yield from (w for w in queue if w.alive)
+        yield from self.lobby
 
     # -- mutations ------------------------------------------------------------------------
 
@@ -184,32 +203,44 @@ class FairQueue:
             self._rekey(tenant)
 
     def enqueue(self, ticket: Ticket, since: float, handle: object = None) -> Waiter:
-        waiter = Waiter(ticket, self._next_order, since, handle)
-        self._next_order += 1
-        rank, tenant = ticket.rank, ticket.tenant
-        queue = self._queues[rank].get(tenant)
-        if queue is None:
-            queue = self._queues[rank][tenant] = deque()
-        queue.append(waiter)
-        self.queued += 1
-        self._rank_queued[rank] += 1
-        self._tenant_queued[tenant] = self._tenant_queued.get(tenant, 0) + 1
-        self._rekey(tenant)
+        """Queue ``ticket``, whatever the bound (the caller checked it, or means to pass it)."""
+        waiter = self._new_waiter(ticket, since, handle)
+        self._file(waiter)
         return waiter
 
-    def remove(self, waiter: Waiter) -> bool:
-        """Take a waiter out of the queue (timeout, disconnect, eviction).
+    def wait(self, ticket: Ticket, since: float, handle: object = None) -> Waiter:
+        """Queue ``ticket`` while the queue has room, else keep it in the lobby until it
+        has (the ``"wait"`` action): never refused for a full queue."""
+        if not self.lobby and self.queued < self._room:
+            return self.enqueue(ticket, since, handle)
+        waiter = self._new_waiter(ticket, since, handle)
+        self.lobby.add(waiter)
+        if self._heavy is not None:  # the tenant's load for eviction counts it
+            self._rekey(ticket.tenant)
+        return waiter
+
+    def remove(self, waiter: Waiter, *, refill: bool = True) -> bool:
+        """Take a waiter out of the queue or the lobby (timeout, disconnect, eviction).
 
         Answers False when it was no longer waiting (already granted or removed), so the
         caller knows a grant won the race and the seats must be handed back instead.
+        The room it leaves in the queue goes to the lobby's oldest, unless ``refill`` is
+        False: an eviction's newcomer takes it.
         """
         if not waiter.alive:
             return False
         waiter.alive = False
         rank, tenant = waiter.ticket.rank, waiter.ticket.tenant
+        if self.lobby and self.lobby.discard(waiter):
+            self._stop_waiting(tenant)
+            if self._heavy is not None:
+                self._rekey(tenant)
+            return True
         self._forget_waiter(rank, tenant)
         self._drop_dead_heads(rank, tenant)
         self._rekey(tenant)
+        if refill and self.lobby:
+            self._fill_from_lobby()
         return True
 
     def pop_grantable(self, limit: int) -> Waiter | None:
@@ -233,6 +264,8 @@ class FairQueue:
             held = self._tenant_inflight
             held[tenant] = held.get(tenant, 0) + head.ticket.seats
             self._rekey(tenant)
+            if self.lobby:
+                self._fill_from_lobby()
             return head
         return None
 
@@ -263,9 +296,44 @@ class FairQueue:
 
     # -- bookkeeping ----------------------------------------------------------------------
 
+    def _new_waiter(self, ticket: Ticket, since: float, handle: object) -> Waiter:
+        waiter = Waiter(ticket, self._next_order, since, handle)
+        self._next_order += 1
+        self._tenant_queued[ticket.tenant] = self._tenant_queued.get(ticket.tenant, 0) + 1
+        return waiter
+
+    def _file(self, waiter: Waiter) -> None:
+        """Put a waiter in its tenant's FIFO for its class, in arrival order."""
+        rank, tenant = waiter.ticket.rank, waiter.ticket.tenant
+        queue = self._queues[rank].get(tenant)
+        if queue is None:
+            queue = self._queues[rank][tenant] = deque()
+        if queue and queue[-1].order > waiter.order:
+            # from the lobby, behind a later arrival that never went through it (an
+            # eviction's newcomer): it goes back to its place in arrival order, as in
+            # step.lua, whose queue members sort by arrival
+            at = len(queue)
+            while at and queue[at - 1].order > waiter.order:
+                at -= 1
+            queue.insert(at, waiter)
+        else:
+            queue.append(waiter)
+        self.queued += 1
+        self._rank_queued[rank] += 1
+        self._rekey(tenant)
+
+    def _fill_from_lobby(self) -> None:
+        """The lobby's oldest enter the queue while it has room."""
+        lobby = self.lobby
+        while lobby and self.queued < self._room:
+            self._file(lobby.pop_oldest())
+
     def _forget_waiter(self, rank: int, tenant: str) -> None:
         self.queued -= 1
         self._rank_queued[rank] -= 1
+        self._stop_waiting(tenant)
+
+    def _stop_waiting(self, tenant: str) -> None:
         left = self._tenant_queued[tenant] - 1
         if left:
             self._tenant_queued[tenant] = left

@@ -18,7 +18,7 @@ from gateway.demo.table import live_table, summary
 from gateway.demo.tenants import TenantLoad
 from gateway.gateway import Gateway
 from gateway.loopback import serve_in_task
-from gateway.proxy.client import KEEPALIVE_EXPIRY_S
+from gateway.routing.httpclient import KEEPALIVE_EXPIRY_S
 from gateway.settings import Settings
 from gateway.sim import SimConfig, create_app
 
@@ -107,6 +107,7 @@ async def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                             snapshot,
                             stats.concurrency,
                             stats.max_concurrency,
+                            policy=options.policy,
                         )
                         out.write(("\x1b[H\x1b[J" if live else "\n") + table + "\n")
                         out.flush()

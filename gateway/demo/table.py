@@ -30,11 +30,18 @@ def live_table(
     snapshot: Snapshot,
     backend_now: int,
     backend_max: int,
+    *,
+    policy: str | None = None,
 ) -> str:
+    # tenants' waiting requests include those waiting for room in a full queue (block)
+    waiting_all = sum(sum(state.queued.values()) for state in snapshot.tenants.values())
+    for_room = waiting_all - snapshot.queued
     lines = [
         f"obleth demo  {elapsed_s:5.1f}/{duration_s:.0f} s   limit {snapshot.limit}   "
-        f"in flight {snapshot.inflight}   queued {snapshot.queued}/{snapshot.max_queue}   "
-        f"backend now {backend_now}, max {backend_max}",
+        + (f"policy {policy}   " if policy else "")
+        + f"in flight {snapshot.inflight}   queued {snapshot.queued}/{snapshot.max_queue}"
+        + (f" (+{for_room} waiting for room)" if for_room > 0 else "")
+        + f"   backend now {backend_now}, max {backend_max}",
         "",
         f"{'tenant':<10}{'weight':>7}{'clients':>8}{'admitted':>9}{'running':>8}{'waiting':>8}"
         f"{'done':>7}{'wait p50':>10}{'wait p99':>10}  rejected",

@@ -256,8 +256,9 @@ class Plugins:
 
     def shielded_policy(self, name: str, policy: OverflowPolicy) -> OverflowPolicy:
         """``policy`` (selected by ``name``) shielded on the request path: when its
-        ``decide`` raises or answers something other than ``queue``, ``reject`` or
-        ``evict``, the plugin is named in the log and the request waits, as under ``block``.
+        ``decide`` raises or answers no action (``wait``, ``queue``, ``evict`` or
+        ``reject``), the plugin is named in the log and the request waits, as under
+        ``block``.
         """
         return ShieldedPolicy(policy, self.plugin_of("overflow policy", name), self._complain)
 

@@ -13,7 +13,7 @@ from gateway.protocols import OverflowPolicy
 _ACTIONS: Final[frozenset[str]] = frozenset(get_args(OverflowAction))
 
 #: what a faulty policy's request does: wait, as under ``block``, the default policy
-FALLBACK: Final[OverflowAction] = "wait" if "wait" in _ACTIONS else "queue"
+FALLBACK: Final[OverflowAction] = "wait"
 
 
 class ShieldedPolicy:

@@ -52,7 +52,7 @@ class Settings(Declared):
     )
     max_queue: int = setting(
         1024,
-        doc="How many requests may wait at once (0: nobody waits); when it is reached, the "
+        doc="How many requests may wait in the fair queue at once; when it is full, the "
         "overflow policy says what happens. Whole number ≥ 0.",
         parse=parsers.env_int,
         check=checks.check_int(0),

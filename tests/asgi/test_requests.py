@@ -342,8 +342,8 @@ def test_unknown_priority_gets_400_naming_the_header() -> None:
 @pytest.mark.parametrize(
     ("settings", "headers", "status", "reason"),
     [
-        ({"max_queue": 0}, {}, 503, "queue_full"),
-        ({"overflow_policy": "drop-newest"}, {}, 503, "over_capacity"),
+        ({"max_queue": 0, "overflow_policy": "drop-newest"}, {}, 503, "queue_full"),
+        ({"overflow_policy": "reject"}, {}, 503, "over_capacity"),
         ({"trust_priority_header": True}, {"x-priority": "background"}, 503, "no_wait"),
         ({"tenant_max_in_flight": 1}, {}, 429, "tenant_limit"),
         ({"queue_timeout_s": 0.01}, {}, 503, "queue_timeout"),
@@ -369,6 +369,38 @@ def test_each_rejection_is_json_with_retry_after(
         assert client.json()["error"]["code"] == reason
         app.hold.set()
         await running
+
+    run(scenario)
+
+
+def test_under_block_a_full_queue_refuses_nobody_and_requests_run_in_arrival_order() -> None:
+    """Past ``max_queue``, block answers no 503 ``queue_full``: the newcomers wait for
+    room in the queue, and every request runs, in the order it arrived."""
+
+    async def scenario() -> None:
+        app = Echo()
+        app.hold.clear()
+        gw = GatewayMiddleware(
+            app,
+            Settings(
+                global_max_in_flight=1,
+                max_queue=1,
+                overflow_policy="block",
+                tenant_header="x-tenant",
+            ),
+        )
+        clients = [Client() for _ in range(4)]
+        tasks = []
+        for i, client in enumerate(clients):
+            scope = http_scope(headers={"x-tenant": f"t{i}"})
+            tasks.append(asyncio.create_task(gw(scope, client.receive, client.send)))
+            await asyncio.sleep(0.01)
+        assert not any(task.done() for task in tasks)
+        assert gw.gateway.snapshot().queued == 1  # the queue keeps its bound
+        app.hold.set()
+        await asyncio.gather(*tasks)
+        assert [c.status for c in clients] == [200] * 4
+        assert [state["tenant"] for state in app.states] == ["t0", "t1", "t2", "t3"]
 
     run(scenario)
 
@@ -438,7 +470,9 @@ def test_exempt_paths_stay_exempt_however_many_paths_were_seen() -> None:
         await send({"type": "http.response.body", "body": b""})
 
     async def scenario() -> None:
-        gw = GatewayMiddleware(app, Settings(global_max_in_flight=1, max_queue=0))
+        # drop-newest with no queue: a path that is not exempt is refused at once
+        settings = Settings(global_max_in_flight=1, max_queue=0, overflow_policy="drop-newest")
+        gw = GatewayMiddleware(app, settings)
         holder = Client()
         running = asyncio.create_task(gw(http_scope("/hold"), holder.receive, holder.send))
         await asyncio.sleep(0.01)

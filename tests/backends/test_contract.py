@@ -2,8 +2,10 @@
 
 Whatever backend counts the seats, a user sees the same gate: a waiter runs when a seat
 frees, fair shares by weight, strict priority, ``background`` never waits, caps answer
-429, the overflow policies behave alike, a grant racing a timeout or a cancel is never
-lost, the limit can move both ways live, and every permit comes back exactly once.
+429, the overflow policies behave alike (``block`` waits for room in a full queue first
+come first served, ``drop-newest`` answers ``queue_full``, ``drop-oldest`` evicts,
+``reject`` never queues), a grant racing a timeout or a cancel is never lost, the limit
+can move both ways live, and every permit comes back exactly once.
 """
 
 from __future__ import annotations
@@ -71,6 +73,15 @@ async def assert_drained(gateway: Gateway) -> None:
     assert (snap.inflight, snap.queued) == (0, 0)
     assert all(t.inflight == 0 and not any(t.queued.values()) for t in snap.tenants.values())
     assert gateway.scheduler.admitted == gateway.scheduler.released
+
+
+async def waiters(gateway: Gateway) -> tuple[int, int]:
+    """(waiting in the queue, waiting in all): the queue is bounded by ``max_queue``,
+    requests waiting for room in it (``block``) are not."""
+    await settle(gateway)
+    in_queue = gateway.snapshot().queued
+    snap = await state(gateway)
+    return in_queue, sum(sum(t.queued.values()) for t in snap.tenants.values())
 
 
 async def waiting(gateway: Gateway, *tickets: Ticket) -> list[asyncio.Task[Permit]]:
@@ -261,25 +272,102 @@ async def test_drop_oldest_evicts_the_flooders_oldest_waiter(make: Make) -> None
     await assert_drained(gateway)
 
 
-async def test_full_queue_answers_queue_full(make: Make) -> None:
-    gateway = await make(global_max_in_flight=1, max_queue=1)
-    holder = await gateway.scheduler.acquire(Ticket("a"))
-    [queued] = await waiting(gateway, Ticket("b"))
-    with pytest.raises(Rejected) as caught:
-        await gateway.scheduler.acquire(Ticket("c"))
-    assert caught.value.reason == "queue_full"
+async def test_block_waits_for_room_in_a_full_queue_and_admits_in_arrival_order(
+    make: Make,
+) -> None:
+    """Under block a full queue never refuses the newcomer: it waits for room, and the
+    waiters for room reach their seats in arrival order, whatever their tenants."""
+    gateway = await make(global_max_in_flight=1, max_queue=1, overflow_policy="block")
+    holder = await gateway.scheduler.acquire(Ticket("x"))
+    arrivals = [Ticket(tenant) for tenant in ("a", "b", "a", "c", "b")]
+    tasks = await waiting(gateway, *arrivals)
+    assert not any(task.done() for task in tasks)
+    assert await waiters(gateway) == (1, 5)  # the queue keeps its bound
     holder.release()
-    (await asyncio.wait_for(queued, 2)).release()
+    served = []
+    for task in tasks:
+        permit = await asyncio.wait_for(task, 2)
+        served.append(permit.ticket.tenant)
+        assert not any(t.done() for t in tasks[len(served) :]), "a later arrival ran first"
+        permit.release()
+    assert served == ["a", "b", "a", "c", "b"]
+    assert gateway.scheduler.rejected == {}
     await assert_drained(gateway)
 
 
-async def test_drop_newest_rejects_at_once(make: Make) -> None:
-    gateway = await make(global_max_in_flight=1, overflow_policy="drop-newest")
+async def test_block_waiter_for_room_that_gives_up_is_never_granted(make: Make) -> None:
+    """A request waiting for room in the full queue can leave (a client disconnect); the
+    ones after it keep their order."""
+    gateway = await make(global_max_in_flight=1, max_queue=1)
+    holder = await gateway.scheduler.acquire(Ticket("x"))
+    first, gone, last = await waiting(gateway, Ticket("a"), Ticket("b"), Ticket("c"))
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert await waiters(gateway) == (1, 2)
+    holder.release()
+    (await asyncio.wait_for(first, 2)).release()
+    permit = await asyncio.wait_for(last, 2)
+    assert permit.ticket == Ticket("c")
+    permit.release()
+    await assert_drained(gateway)
+
+
+async def test_block_waiters_for_room_time_out_like_queued_ones(make: Make) -> None:
+    """``queue_timeout_s`` is the only thing that ends a wait under block, in the queue or
+    waiting for room in it: 503 ``queue_timeout``, and nothing is left behind."""
+    gateway = await make(global_max_in_flight=1, max_queue=1, queue_timeout_s=0.05)
+    holder = await gateway.scheduler.acquire(Ticket("x"))
+    outcomes = await asyncio.gather(
+        *(gateway.scheduler.acquire(Ticket(t)) for t in "abc"), return_exceptions=True
+    )
+    assert [getattr(o, "reason", o) for o in outcomes] == ["queue_timeout"] * 3
+    holder.release()
+    await assert_drained(gateway)
+
+
+async def test_a_tenant_cap_counts_requests_waiting_for_room(make: Make) -> None:
+    """Under block, a tenant's requests waiting for room count against its cap (429)."""
+    gateway = await make(global_max_in_flight=1, max_queue=1, tenant_max_in_flight={"t": 3})
+    holder = await gateway.scheduler.acquire(Ticket("t"))
+    tasks = await waiting(gateway, Ticket("t"), Ticket("t"))  # in the queue, waiting for room
+    with pytest.raises(Rejected) as caught:
+        await gateway.scheduler.acquire(Ticket("t"))
+    assert (caught.value.reason, caught.value.status) == ("tenant_limit", 429)
+    holder.release()
+    for task in tasks:
+        (await asyncio.wait_for(task, 2)).release()
+    await assert_drained(gateway)
+
+
+async def test_drop_newest_queues_while_there_is_room_then_answers_queue_full(
+    make: Make,
+) -> None:
+    """drop-newest lets a request wait while the queue has room and refuses the newcomer
+    with 503 ``queue_full`` once it is full."""
+    gateway = await make(global_max_in_flight=1, max_queue=2, overflow_policy="drop-newest")
+    holder = await gateway.scheduler.acquire(Ticket("a"))
+    queued = await waiting(gateway, Ticket("b"), Ticket("c"))
+    assert not any(task.done() for task in queued)
+    with pytest.raises(Rejected) as caught:
+        await gateway.scheduler.acquire(Ticket("d"))
+    assert (caught.value.reason, caught.value.status) == ("queue_full", 503)
+    holder.release()
+    for task in queued:
+        (await asyncio.wait_for(task, 2)).release()
+    await assert_drained(gateway)
+
+
+async def test_reject_answers_over_capacity_and_nothing_waits(make: Make) -> None:
+    """reject never queues: with no free seat the newcomer gets 503 ``over_capacity``."""
+    gateway = await make(global_max_in_flight=1, overflow_policy="reject")
     holder = await gateway.scheduler.acquire(Ticket("a"))
     with pytest.raises(Rejected) as caught:
         await gateway.scheduler.acquire(Ticket("b"))
-    assert caught.value.reason == "over_capacity"
+    assert (caught.value.reason, caught.value.status) == ("over_capacity", 503)
+    assert await waiters(gateway) == (0, 0)
     holder.release()
+    (await gateway.scheduler.acquire(Ticket("b"))).release()
     await assert_drained(gateway)
 
 

@@ -154,7 +154,7 @@ def test_default_cap_applies_to_every_tenant() -> None:
     [("queue", Refused("queue_full")), ("reject", Refused("queue_full"))],
 )
 def test_full_queue_refuses_the_newcomer(action: OverflowAction, expected: Refused) -> None:
-    """With block (and with reject), a full queue answers queue_full."""
+    """With drop-newest ("queue") and with reject, a full queue answers queue_full."""
     q = FairQueue(max_queue=1)
     arrive(q, "a", 1)
     arrive(q, "a", 1)
@@ -162,7 +162,7 @@ def test_full_queue_refuses_the_newcomer(action: OverflowAction, expected: Refus
 
 
 def test_reject_policy_refuses_at_once_when_no_seat_is_free() -> None:
-    """drop-newest never queues: over_capacity while the queue is empty."""
+    """reject never queues: over_capacity while the queue is not full."""
     q = FairQueue(max_queue=10)
     arrive(q, "a", 1)
     assert arrive(q, "b", 1, action="reject") == Refused("over_capacity")

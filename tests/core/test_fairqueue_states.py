@@ -1,5 +1,6 @@
-"""Hypothesis drives the fair queue through random arrivals, releases, cancels and limit
-changes, checking after every step what users rely on.
+"""Hypothesis drives the fair queue through random arrivals (under every overflow
+action, ``wait`` included), releases, cancels and limit changes, checking after every step
+what users rely on.
 
 The queue is the in-process backend's (``LocalSeats``), so arrivals and releases go
 through either the full path (``admit``, ``release`` then dispatch) or the request path's
@@ -58,7 +59,10 @@ class FairQueueMachine(RuleBasedStateMachine):
         """Dispatch, checking each grant against the max-min rule before it happens."""
         while True:
             before = {t: self.queue.tenant_inflight(t) for t in TENANTS}
-            contenders = {(w.ticket.rank, w.ticket.tenant) for w in self.waiting}
+            # those in the queue; the lobby is first come first served, outside the rule
+            contenders = {
+                (w.ticket.rank, w.ticket.tenant) for w in self.waiting if w not in self.queue.lobby
+            }
             waiter = self.queue.pop_grantable(self.limit)
             if waiter is None:
                 break
@@ -85,11 +89,12 @@ class FairQueueMachine(RuleBasedStateMachine):
     @rule(
         tenant=st.sampled_from(TENANTS),
         priority=st.sampled_from(PRIORITIES),
-        action=st.sampled_from(("queue", "reject", "evict")),
+        action=st.sampled_from(("queue", "wait", "reject", "evict")),
     )
     def arrive(self, tenant: str, priority: str, action: OverflowAction) -> None:
         ticket = Ticket(tenant, priority)  # type: ignore[arg-type]
         someone_ahead = any(w.ticket.rank <= ticket.rank for w in self.waiting)
+        # a tenant's load counts all it waits, but only waiters in the queue may be evicted
         loads = {
             w.ticket.tenant: (
                 self.queue.tenant_inflight(w.ticket.tenant)
@@ -97,7 +102,7 @@ class FairQueueMachine(RuleBasedStateMachine):
             )
             / WEIGHTS[w.ticket.tenant]
             for w in self.waiting
-            if w.ticket.rank >= ticket.rank
+            if w.ticket.rank >= ticket.rank and w not in self.queue.lobby
         }
 
         def policy(view: QueueView, t: Ticket) -> OverflowAction:
@@ -115,7 +120,11 @@ class FairQueueMachine(RuleBasedStateMachine):
                 victim = verdict.evicted
                 assert victim.ticket.rank >= ticket.rank, "evicted a more urgent waiter"
                 assert loads[victim.ticket.tenant] == max(loads.values()), "not the heaviest"
-                mine = [w for w in self.waiting if w.ticket.tenant == victim.ticket.tenant]
+                mine = [
+                    w
+                    for w in self.waiting
+                    if w.ticket.tenant == victim.ticket.tenant and w not in self.queue.lobby
+                ]
                 same_class = [w for w in mine if w.ticket.rank == victim.ticket.rank]
                 assert victim.order == min(w.order for w in same_class), "not its oldest"
                 self.waiting.remove(victim)
@@ -165,7 +174,7 @@ class FairQueueMachine(RuleBasedStateMachine):
     @invariant()
     def counts_match_the_requests_we_know_of(self) -> None:
         assert self.queue.inflight == len(self.held)
-        assert self.queue.queued == len(self.waiting)
+        assert self.queue.queued + len(self.queue.lobby) == len(self.waiting)
         for tenant in TENANTS:
             assert self.queue.tenant_inflight(tenant) == sum(t.tenant == tenant for t in self.held)
         assert self.admitted - self.released == len(self.held)
@@ -176,7 +185,9 @@ class FairQueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def queue_stays_bounded_and_caps_hold(self) -> None:
-        assert len(self.waiting) <= self.queue.max_queue
+        assert self.queue.queued <= self.queue.max_queue
+        # waiting for room only while the queue is full
+        assert not self.queue.lobby or self.queue.queued >= self.queue.max_queue
         c_total = sum(t.tenant == "c" for t in self.held) + sum(
             w.ticket.tenant == "c" for w in self.waiting
         )

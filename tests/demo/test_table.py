@@ -53,6 +53,26 @@ def test_live_table_shows_admitted_waiting_rejections_and_waits_per_tenant() -> 
     assert bronze[7:11] == ["1000", "ms", "1490", "ms"]  # p50 and p99 of 0.5 s and 1.5 s
 
 
+def test_live_table_names_the_policy_and_counts_requests_waiting_for_room() -> None:
+    """Under block, requests waiting for room in the full queue show next to the queue's
+    bound (tenants' waiting counts include them), and the header names the policy."""
+    snapshot = Snapshot(
+        limit=4,
+        inflight=4,
+        queued=2,
+        max_queue=2,
+        tenants={
+            "gold": TenantState(inflight=4, queued={"standard": 1}, weight=4),
+            "bronze": TenantState(inflight=0, queued={"standard": 6, "critical": 1}, weight=1),
+        },
+    )
+    table = live_table(1.0, 10.0, TENANTS, _tallies(), snapshot, 4, 4, policy="block")
+
+    assert "policy block" in table
+    assert "queued 2/2 (+6 waiting for room)" in table
+    assert _row(table, "bronze")[5] == "7"
+
+
 def test_summary_shows_each_tenants_admissions_and_share_against_its_fair_share() -> None:
     text = summary(TENANTS, _tallies(), {"gold": 0.8, "bronze": 0.2}, 4, 4, 7, 7)
 

@@ -35,6 +35,7 @@ BUILTINS = {
     "overflow-block",
     "overflow-drop-newest",
     "overflow-drop-oldest",
+    "overflow-reject",
     "scorer-kv-utilization",
     "scorer-load-balance",
     "scorer-prefix-affinity",
@@ -350,7 +351,7 @@ def test_unknown_overflow_policy_lists_the_installed_policies() -> None:
         Gateway(Settings(overflow_policy="drop"), entry_points=False)
 
     assert caught.value.setting == "overflow_policy"
-    assert "installed: block, drop-newest, drop-oldest" in str(caught.value)
+    assert "installed: block, drop-newest, drop-oldest, reject" in str(caught.value)
 
 
 def test_unknown_policy_from_the_environment_names_the_variable() -> None:
@@ -362,7 +363,7 @@ def test_unknown_policy_from_the_environment_names_the_variable() -> None:
 
     assert str(caught.value) == (
         "OBLETH_OVERFLOW_POLICY='drop': no overflow policy by that name; "
-        "installed: block, drop-newest, drop-oldest"
+        "installed: block, drop-newest, drop-oldest, reject"
     )
 
 
@@ -370,7 +371,7 @@ def test_disabling_a_builtin_removes_its_policy() -> None:
     """`disable_plugins=["overflow-drop-oldest"]` makes `drop-oldest` unavailable."""
     plugins = facade(disable_plugins=["overflow-drop-oldest"])
 
-    assert plugins.names("overflow policy") == ["block", "drop-newest"]
+    assert plugins.names("overflow policy") == ["block", "drop-newest", "reject"]
     with pytest.raises(ConfigError, match=re.escape("installed: block, drop-newest")):
         Gateway(
             Settings(overflow_policy="drop-oldest", disable_plugins=["overflow-drop-oldest"]),
@@ -499,7 +500,7 @@ def test_disabling_a_name_no_plugin_has_is_logged(caplog: pytest.LogCaptureFixtu
     with caplog.at_level(logging.WARNING, logger="obleth.plugins"):
         plugins = facade(disable_plugins=["overflow-drop-oldest", "overflow-drop-oldset"])
 
-    assert plugins.names("overflow policy") == ["block", "drop-newest"]
+    assert plugins.names("overflow policy") == ["block", "drop-newest", "reject"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "names 'overflow-drop-oldset', which no plugin here has" in warnings[0]
@@ -668,8 +669,8 @@ class Faulty:
     ("policy", "complaint"),
     [
         (Faulty(), "raised"),
-        (Faulty("maybe"), "answered 'maybe', not one of evict, queue, reject"),
-        (Faulty(["queue"]), "answered ['queue'], not one of evict, queue, reject"),
+        (Faulty("maybe"), "answered 'maybe', not one of evict, queue, reject, wait"),
+        (Faulty(["queue"]), "answered ['queue'], not one of evict, queue, reject, wait"),
     ],
     ids=["raises", "unknown-action", "unhashable-answer"],
 )

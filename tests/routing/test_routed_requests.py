@@ -22,7 +22,7 @@ from gateway.asgi.middleware import GatewayMiddleware
 from gateway.gateway import Gateway
 from gateway.loopback import RunningServer, serve_in_task, serve_in_thread
 from gateway.proxy import ProxyApp
-from gateway.proxy.client import KEEPALIVE_EXPIRY_S
+from gateway.routing.httpclient import KEEPALIVE_EXPIRY_S
 from gateway.routing.router import Decision
 from gateway.settings import Settings
 from gateway.sim import SimConfig, create_app

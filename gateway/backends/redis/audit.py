@@ -3,8 +3,9 @@ operator can run against a live pool.
 
 The pool is consistent when the seats counted in flight equal the seats of the leases
 and the sum of every tenant's seats, every lease has its metadata, and every waiter is
-in the queue, in the deadline index and in its tenant's count. Read by one script, so
-the answer describes one instant even while pods keep calling.
+in the queue or the lobby, in the deadline index and in its tenant's count; given the
+pods' ``max_queue``, also when nobody waits in the lobby while the queue has room. Read
+by one script, so the answer describes one instant even while pods keep calling.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ class PoolAudit:
     tenant_seats: int
     leases: int
     waiters: int
+    """Every waiter: in the queue and in the lobby."""
     limit: int | None
     problems: list[str] = field(default_factory=list)
+    lobby: int = 0
+    """Waiters for room in the full queue (``block``)."""
 
     @property
     def empty(self) -> bool:
@@ -41,29 +45,42 @@ _READ = """
 return {
   redis.call('HGETALL', KEYS[1]), redis.call('ZCARD', KEYS[2]), redis.call('HGETALL', KEYS[3]),
   redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5]), redis.call('ZCARD', KEYS[6]),
-  redis.call('HLEN', KEYS[7]), redis.call('ZCARD', KEYS[8]),
+  redis.call('HLEN', KEYS[7]), redis.call('ZCARD', KEYS[8]), redis.call('ZCARD', KEYS[9]),
 }
 """
 
 
-_NAMES = ("state", "leases", "lmeta", "tin", "tq", "wq", "wmeta", "wdl")
+_NAMES = ("state", "leases", "lmeta", "tin", "tq", "wq", "wmeta", "wdl", "lobby")
 
 
-async def audit(client: Any, pool: str) -> PoolAudit:
-    """Read pool ``pool`` through ``client`` (a redis-py asyncio client) and check it."""
+async def audit(client: Any, pool: str, *, max_queue: int | None = None) -> PoolAudit:
+    """Read pool ``pool`` through ``client`` (a redis-py asyncio client) and check it;
+    ``max_queue``, when given, is the pods' setting."""
     keys = PoolKeys(pool)
-    return _parse(await client.eval(_READ, len(_NAMES), *(keys.key(n) for n in _NAMES)))
+    raw = await client.eval(_READ, len(_NAMES), *(keys.key(n) for n in _NAMES))
+    return _parse(raw, max_queue)
 
 
-def audit_sync(client: Any, pool: str) -> PoolAudit:
+def audit_sync(client: Any, pool: str, *, max_queue: int | None = None) -> PoolAudit:
     """``audit`` through a synchronous redis-py client."""
     keys = PoolKeys(pool)
-    return _parse(client.eval(_READ, len(_NAMES), *(keys.key(n) for n in _NAMES)))
+    return _parse(client.eval(_READ, len(_NAMES), *(keys.key(n) for n in _NAMES)), max_queue)
 
 
-def _parse(raw: list[Any]) -> PoolAudit:
-    state, leases, lmeta, tin, tq, wq, wmeta, wdl = raw
-    return check(_pairs(state), leases, _pairs(lmeta), _pairs(tin), _pairs(tq), wq, wmeta, wdl)
+def _parse(raw: list[Any], max_queue: int | None) -> PoolAudit:
+    state, leases, lmeta, tin, tq, wq, wmeta, wdl, lobby = raw
+    return check(
+        _pairs(state),
+        leases,
+        _pairs(lmeta),
+        _pairs(tin),
+        _pairs(tq),
+        wq,
+        wmeta,
+        wdl,
+        lobby=lobby,
+        max_queue=max_queue,
+    )
 
 
 def _pairs(flat: list[Any]) -> dict[Any, Any]:
@@ -79,6 +96,9 @@ def check(
     wq: int,
     wmeta: int,
     wdl: int,
+    *,
+    lobby: int = 0,
+    max_queue: int | None = None,
 ) -> PoolAudit:
     text = {_s(k): _s(v) for k, v in state.items()}
     inflight = int(text.get("inflight", 0))
@@ -93,15 +113,20 @@ def check(
         )
     if leases != len(lmeta):
         problems.append(f"{leases} leases but {len(lmeta)} lease records")
-    if not wq == wmeta == wdl == queued:
+    if not wq + lobby == wmeta == wdl == queued:
         problems.append(
-            f"waiters disagree: queue={wq}, records={wmeta}, deadlines={wdl}, "
+            f"waiters disagree: queue={wq}, lobby={lobby}, records={wmeta}, deadlines={wdl}, "
             f"tenant counts={queued}"
+        )
+    if lobby and max_queue is not None and wq < max(max_queue, 1):
+        problems.append(
+            f"{lobby} waiter(s) wait for room in the lobby while the queue has room "
+            f"({wq} waiting, max_queue={max_queue})"
         )
     if any(int(_s(v)) <= 0 for v in tin.values()):
         problems.append("a tenant is listed with no seats")
     limit = int(text["limit"]) if "limit" in text else None
-    return PoolAudit(inflight, lease_seats, tenant_seats, leases, wmeta, limit, problems)
+    return PoolAudit(inflight, lease_seats, tenant_seats, leases, wmeta, limit, problems, lobby)
 
 
 def _s(value: Any) -> str:

@@ -38,12 +38,6 @@ from gateway.core.tickets import NO_WAIT_RANK, Ticket
 from gateway.protocols import OverflowPolicy, Pending, Permit, Snapshot, TenantState
 from gateway.settings import Settings
 
-#: The overflow action of the ``block`` policy: when the queue is full the newcomer waits
-#: for room, is never refused for a full queue, and only ``queue_timeout_s`` ends its
-#: wait. Typed ``str``: mypy's strict equality accepts the comparison whether or not
-#: ``OverflowAction`` lists it.
-WAIT: str = "wait"
-
 
 class RedisBackend:
     """Seats and the fair queue in Redis; see ``gateway.protocols.CounterBackend``.
@@ -149,7 +143,8 @@ class RedisBackend:
         if state.fallback is not None:
             return self._failure.acquire(ticket)
         action = self._action_for(ticket)
-        if action != WAIT and (
+        # under block ("wait") a request is never refused for a full queue
+        if action != "wait" and (
             len(state.waiting) >= self._settings.max_queue + self._settings.redis_pool_size
         ):
             # Redis is slow and requests pile up here: bound them rather than our memory
@@ -300,19 +295,22 @@ class RedisBackend:
         """Every tenant of the pool, read from Redis (one round trip; not for the hot path)."""
         client = self._client
         keys = self._state.keys
-        state, tin, tq = (
-            {str(k): str(v) for k, v in found.items()}
-            for found in await asyncio.gather(
-                client.hgetall(keys.key("state")),
-                client.hgetall(keys.key("tin")),
-                client.hgetall(keys.key("tq")),
-            )
+        found = await asyncio.gather(
+            client.hgetall(keys.key("state")),
+            client.hgetall(keys.key("tin")),
+            client.hgetall(keys.key("tq")),
+            client.hlen(keys.key("wmeta")),
+            client.zcard(keys.key("lobby")),
         )
+        state, tin, tq = ({str(k): str(v) for k, v in table.items()} for table in found[:3])
+        waiters, in_lobby = int(found[3]), int(found[4])
         tenants = sorted(set(tin) | set(tq))
         return Snapshot(
             limit=int(state.get("limit", self.limit)),
             inflight=int(state.get("inflight", 0)),
-            queued=sum(int(v) for v in tq.values()),
+            # the queue's own count, as snapshot() has it; a tenant's count below also
+            # holds its waiters for room in the lobby
+            queued=waiters - in_lobby,
             max_queue=self._settings.max_queue,
             tenants={
                 unescape_tenant(t): TenantState(

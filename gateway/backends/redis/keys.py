@@ -37,6 +37,7 @@ KEY_NAMES = (
     "asserted",
     "members",
     "unready",
+    "lobby",
 )
 
 _LONG_TENANT = 96

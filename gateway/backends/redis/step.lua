@@ -7,7 +7,7 @@
 -- (TIME), never a pod's.
 --
 -- KEYS, in order: state leases lmeta tin tq wq wmeta wdl ready:0 ready:1 rmem pods
---   weights caps await asserted members unready
+--   weights caps await asserted members unready lobby
 --
 -- ARGV, written only by gateway/backends/redis/wire.py (`encode`):
 --    1 pod id                  2 lease TTL (ms)             3 roll-call fallback (ms)
@@ -24,6 +24,14 @@
 -- The sections below, in the order a call runs them: state and epochs, roll calls,
 -- membership, tenants, leases, waiters, dispatch, then the call itself.
 --
+-- Waiters (see docs/configuration.md, "Overflow policies"): max queue bounds the fair
+-- queue (wq). An acquire whose action is 'wait' (block) that finds it full waits in the
+-- lobby instead, outside the bound, first come first served, and enters the queue as soon
+-- as it has room: after grants, cancels, timeouts, drops. Every waiter, in the queue or
+-- in the lobby, has its record in wmeta, its deadline in wdl and its count in tq, so
+-- deadlines, cancels, retries and heartbeats treat both alike; the lobby is never
+-- occupied while the queue has room.
+--
 -- Roll calls (see docs/cluster.md, "After Redis loses state"): when Redis may count
 -- fewer seats than the pods hold (it lost the pool, a failover lost writes, or a pod
 -- comes back from its failure mode), nothing new is granted until every pod that may
@@ -38,6 +46,7 @@ local S, LEASES, LMETA, TIN, TQ, WQ, WMETA, WDL = KEYS[1], KEYS[2], KEYS[3], KEY
 local READY = { [0] = KEYS[9], [1] = KEYS[10] }
 local RMEM, PODS, WEIGHTS, CAPS = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local AWAIT, ASSERTED, MEMBERS, UNREADY = KEYS[15], KEYS[16], KEYS[17], KEYS[18]
+local LOBBY = KEYS[19] -- waiter id -> arrival: waiting for room in the full queue
 local WAITING_RANKS = 1 -- ranks 0 (critical) and 1 (standard) wait; 2 (background) never
 -- a pod that knows no other pod cannot bring a roster: a roll call it opens stays open
 -- this long, so that pods still reconnecting after a Redis restart are heard
@@ -135,7 +144,7 @@ if not epoch then
   -- Redis lost the pool (restart without persistence, FLUSHALL, failover, eviction), or
   -- this is its first call ever: start a new epoch and drop whatever fragments survived
   redis.call('DEL', LEASES, LMETA, TIN, TQ, WQ, WMETA, WDL, READY[0], READY[1], RMEM,
-    WEIGHTS, CAPS, PODS, AWAIT, ASSERTED, MEMBERS, UNREADY)
+    WEIGHTS, CAPS, PODS, AWAIT, ASSERTED, MEMBERS, UNREADY, LOBBY)
   epoch = new_id()
   redis.call('HSET', S, 'limit', init_limit, 'inflight', 0, 'epoch', epoch, 'learn_until', 0,
     'grace_until', 0, 'dweight', 1, 'dcap', -1, 'capped', 0, 'seq', 0, 'arr', 0, 'mver', 0,
@@ -166,7 +175,12 @@ local dcap = tonumber(state[6])
 local capped = state[7] == '1'
 local grace_until = tonumber(state[8] or '0')
 local mver = tonumber(state[9] or '0')
-local nwait = redis.call('HLEN', WMETA) -- kept up to date below: nothing waits, nothing to do
+-- waiters in the queue and in the lobby, kept up to date below: nothing waits, nothing to do
+local nlobby = redis.call('ZCARD', LOBBY)
+local nwait = redis.call('HLEN', WMETA) - nlobby
+-- how many may wait in the queue before a 'wait' goes to the lobby: with max queue 0 one
+-- still waits at the head (a hand-off), else a request under block could never get a seat
+local room = math.max(max_queue, 1)
 
 if relearn and relearn ~= 'lost' then
   -- the sequence went backwards, or the run_id changed: what Redis counts may be older
@@ -433,28 +447,65 @@ end
 
 -- waiters ---------------------------------------------------------------------------------
 
-local function enqueue(id, tenant, rank, seats, deadline)
+-- records a new waiter of this pod (its record, deadline and tenant count); returns its
+-- arrival, which orders it in the queue and in the lobby
+local function record(id, tenant, rank, seats, deadline)
   local arrival = string.format('%015d', redis.call('HINCRBY', S, 'arr', 1))
-  redis.call('ZADD', WQ, 0, rank .. '|' .. tenant .. '|' .. arrival .. '|' .. id)
   redis.call('HSET', WMETA, id, rank .. '|' .. tenant .. '|' .. arrival .. '|' .. seats .. '|' .. pod)
   redis.call('ZADD', WDL, deadline, id)
   redis.call('HINCRBY', TQ, tenant, 1)
+  return arrival
+end
+
+-- files a recorded waiter in the queue, in arrival order within its (class, tenant)
+local function file(id, rank, tenant, arrival)
+  redis.call('ZADD', WQ, 0, rank .. '|' .. tenant .. '|' .. arrival .. '|' .. id)
   nwait = nwait + 1
   rekey(tenant)
 end
 
--- takes a waiter out of the queue; returns its meta parts (rank, tenant, arrival, seats,
--- pod) or nil when it was not waiting
+local function enqueue(id, tenant, rank, seats, deadline)
+  file(id, rank, tenant, record(id, tenant, rank, seats, deadline))
+end
+
+-- the 'wait' action: into the queue while it has room, else into the lobby
+local function wait_for_room(id, tenant, rank, seats, deadline)
+  local arrival = record(id, tenant, rank, seats, deadline)
+  if nlobby == 0 and nwait < room then
+    file(id, rank, tenant, arrival)
+  else
+    redis.call('ZADD', LOBBY, tonumber(arrival), id)
+    nlobby = nlobby + 1
+  end
+end
+
+-- the lobby's oldest enter the queue while it has room
+local function fill_from_lobby()
+  while nlobby > 0 and nwait < room do
+    local id = redis.call('ZPOPMIN', LOBBY)[1]
+    nlobby = nlobby - 1
+    local parts = split(redis.call('HGET', WMETA, id))
+    file(id, parts[1], parts[2], parts[3])
+  end
+end
+
+-- takes a waiter out of the queue or the lobby; returns its meta parts (rank, tenant,
+-- arrival, seats, pod) or nil when it was not waiting. The room it leaves in the queue
+-- goes to the lobby with the next fill_from_lobby (an eviction's newcomer takes it first)
 local function unqueue(id)
   local meta = redis.call('HGET', WMETA, id)
   if not meta then return nil end
   local parts = split(meta)
-  redis.call('ZREM', WQ, parts[1] .. '|' .. parts[2] .. '|' .. parts[3] .. '|' .. id)
   redis.call('HDEL', WMETA, id)
   redis.call('ZREM', WDL, id)
   if redis.call('HINCRBY', TQ, parts[2], -1) <= 0 then redis.call('HDEL', TQ, parts[2]) end
-  nwait = nwait - 1
-  rekey(parts[2])
+  if nlobby > 0 and redis.call('ZREM', LOBBY, id) == 1 then
+    nlobby = nlobby - 1
+  else
+    redis.call('ZREM', WQ, parts[1] .. '|' .. parts[2] .. '|' .. parts[3] .. '|' .. id)
+    nwait = nwait - 1
+    rekey(parts[2])
+  end
   return parts
 end
 
@@ -499,6 +550,7 @@ end
 -- never skipping past a head that does not fit (or whose pod must re-assert first)
 
 local function dispatch()
+  fill_from_lobby()
   if nwait == 0 or learning() then return end
   for _ = 1, 100000 do
     local rank = nil
@@ -522,6 +574,7 @@ local function dispatch()
       local expiry = add_lease(id, tenant, seats, of_pod)
       notify(of_pod, 'g:' .. id .. ':' .. expiry)
     end
+    fill_from_lobby()
   end
 end
 
@@ -633,7 +686,7 @@ end
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, 256)) do
   free_lease(id)
 end
-if nwait > 0 then
+if nwait + nlobby > 0 then
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', WDL, '-inf', now, 'LIMIT', 0, 256)) do
     drop(id, 'queue_timeout')
   end
@@ -697,9 +750,15 @@ for n, id in ipairs(words(ARGV[19])) do
   end
 end
 
+-- the room timeouts and cancels left in the queue goes to the lobby before newcomers
+fill_from_lobby()
+
 -- acquires, "<id> <tenant> <rank> <seats> <action> <wait ms>...": answered 'g' granted,
--- 'q' queued, else the reason of the refusal. Action 'requeue' is a waiter Redis dropped
--- while its pod was away, queued again whatever the bound.
+-- 'q' waiting (in the queue or the lobby), else the reason of the refusal. The action is
+-- the overflow policy's when no seat is free: 'wait' waits in the queue, or in the lobby
+-- while the queue is full; 'queue' waits in the queue, refused when it is full; 'evict'
+-- makes room by evicting; 'reject' never waits. Action 'requeue' is a waiter Redis
+-- dropped while its pod was away, queued again whatever the bound.
 local caller_asserted = asserted(pod)
 local caller_eligible = caller_asserted
   and (not rolls or redis.call('SISMEMBER', UNREADY, pod) == 0)
@@ -728,6 +787,9 @@ for at = 1, #acquires, 6 do
       answer = 'no_wait'
     elseif action == 'requeue' then
       enqueue(id, tenant, rank, seats, now + wait_ms)
+      answer = 'q'
+    elseif action == 'wait' then
+      wait_for_room(id, tenant, rank, seats, now + wait_ms)
       answer = 'q'
     else
       local full = nwait >= max_queue

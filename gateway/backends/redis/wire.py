@@ -34,6 +34,8 @@ class AcquireOp:
     rank: int
     seats: int
     action: str
+    """The overflow policy's action (``wait``, ``queue``, ``evict``, ``reject``), or
+    ``requeue`` for a waiter Redis dropped while its pod was away."""
     wait_ms: int
 
 
@@ -221,6 +223,7 @@ class StepReply:
     limit: int
     inflight: int
     queued: int
+    """Waiters in the fair queue (bounded by ``max_queue``); not those in its lobby."""
     epoch: str
     seq: int
     live_pods: int
