@@ -132,8 +132,8 @@ class Flight:
         self.body: RequestBody | None = None
         #: the classifier's answer; None when the header-only path classified
         self.classification: Classification | None = None
-        #: the free seats the request's seats were taken from, while it holds them; else
-        #: the ``permit`` the scheduler granted after a wait holds them
+        #: while the request holds seats: the free seats they were taken from, or else the
+        #: ``permit`` the scheduler granted after a wait; both None once given back
         self.seats: FreeSeats | None = None
         self.permit: Permit | None = None
         self.decision: Decision | None = None
@@ -142,13 +142,14 @@ class Flight:
         plan = self.plan
         if not plan.gateway.started and not await self._start():
             return
+        scope = self.scope
         payload = None
         try:
-            if plan.reads_body and _has_json_body(self.scope):
+            if plan.reads_body and _has_json_body(scope):
                 self.body = RequestBody(self.receive, plan.max_body)
                 payload = await self.body.read()
             if plan.header_ticket is not None:
-                self.ticket = plan.header_ticket(self.scope["headers"])
+                self.ticket = plan.header_ticket(scope["headers"])
             else:
                 self.ticket = self._classify(payload)
         except BadRequest as exc:
@@ -157,51 +158,37 @@ class Flight:
         except Disconnected:
             return
         # a free seat is taken without a Permit: _land gives it back
-        if plan.free_seats is not None and plan.free_seats.take(self.ticket):
-            self.seats = plan.free_seats
+        seats = plan.free_seats
+        if seats is not None and seats.take(self.ticket):
+            self.seats = seats
             if plan.observes:
                 plan.plugins.admitted(self._info(), 0.0)
         elif not await self._wait():
             return
-        if plan.observes:
-            await self._observed(payload)
-            return
-        try:
-            if plan.reader is None:
-                self._record()
-            elif not await self._route(payload):
-                return
-            receive = self.receive if self.body is None else self.body.replay
-            await plan.app(self.scope, receive, self._send)
-        finally:
-            self._land()
-
-    async def _observed(self, payload: bytes | None) -> None:
-        """``run``'s last part when plugins observe requests: they are told how it ended,
-        ``completed``, ``error`` or ``cancelled``."""
-        plan = self.plan
-        body = self.body
-        if body is None:
-            body = self.body = RequestBody(self.receive, plan.max_body)
-        started = time.monotonic()
+        observes = plan.observes
+        if observes and self.body is None:  # tells whether the client left mid-response
+            self.body = RequestBody(self.receive, plan.max_body)
+        started = time.monotonic() if observes else 0.0
         outcome = "error"
         try:
             if plan.reader is None:
                 self._record()
             elif not await self._route(payload):
                 return
-            await plan.app(self.scope, body.replay, self._send)
-            # the seats came back at the response's last chunk: the response is complete,
-            # whatever the app read afterwards (a server answers receive() with a
-            # disconnect once the response is done, and streaming responses listen)
-            cut_short = body.disconnected and self._holds_seats
+            body = self.body
+            await plan.app(scope, self.receive if body is None else body.replay, self._send)
+            # a response whose seats came back at its last chunk is complete, whatever the
+            # app read afterwards (a server answers receive() with a disconnect once the
+            # response is done, and streaming responses listen)
+            cut_short = body is not None and body.disconnected and self._holds_seats
             outcome = "cancelled" if cut_short else "completed"
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
         finally:
             self._land()
-            plan.plugins.finished(self._info(), time.monotonic() - started, outcome)
+            if observes:
+                plan.plugins.finished(self._info(), time.monotonic() - started, outcome)
 
     async def _start(self) -> bool:
         """Start a gateway that was never started (no lifespan) or was stopped: its free
@@ -320,11 +307,11 @@ class Flight:
             seats.give_back(self.ticket)
         elif self.permit is not None:
             self.permit.release()
+            self.permit = None
 
     @property
     def _holds_seats(self) -> bool:
-        permit = self.permit
-        return self.seats is not None or (permit is not None and not permit.released)
+        return self.seats is not None or self.permit is not None
 
     def _info(self) -> RequestInfo:
         scope = self.scope
