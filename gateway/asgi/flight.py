@@ -235,15 +235,18 @@ class Flight:
             plan.plugins.admitted(self._info(), permit.waited_s)
         return True
 
-    def _record(self, **routing: object) -> None:
-        """Put the request's record in the scope: ``scope["state"]["obleth"]``."""
-        waited_s = 0.0 if self.permit is None else self.permit.waited_s
-        shared = not (waited_s or routing)  # the same for every such request
-        record = self.plan.records.get(self.ticket) if shared else None
+    def _record(self, record: Record | None = None) -> None:
+        """Put the request's record in the scope, ``scope["state"]["obleth"]``: ``record``
+        (a routed request's), else the one of a request admitted at once (shared by every
+        such request of its ticket) or after a wait."""
         if record is None:
-            record = _record_of(self.ticket, waited_s, **routing)
-            if shared:
-                self.plan.records.keep(self.ticket, record)
+            permit = self.permit
+            if permit is not None:
+                record = _record_of(self.ticket, permit.waited_s)
+            else:
+                record = self.plan.records.get(self.ticket)
+                if record is None:
+                    record = self.plan.records.keep(self.ticket, _record_of(self.ticket, 0.0))
         try:
             self.scope["state"]["obleth"] = record
         except (KeyError, TypeError):  # the server gave no state, or None
@@ -269,7 +272,16 @@ class Flight:
             return False
         if plan.plugins.observes_routing:
             plan.plugins.routed(self._info(), decision.upstream, decision.scores)
-        self._record(upstream=decision.upstream, scores=decision.scores, route=decision)
+        waited_s = 0.0 if self.permit is None else self.permit.waited_s
+        self._record(
+            _record_of(
+                self.ticket,
+                waited_s,
+                upstream=decision.upstream,
+                scores=decision.scores,
+                route=decision,
+            )
+        )
         return True
 
     def _send(self, message: Message) -> Awaitable[None]:
@@ -288,12 +300,12 @@ class Flight:
         if kind == "http.response.body":
             if not message.get("more_body", False):
                 self._land()
-        elif kind == "http.response.start" and self.plan.names_upstream:
-            decision = self.decision
-            if decision is not None:
-                headers = list(message.get("headers", []))
-                headers.append((b"x-obleth-upstream", decision.upstream.encode("latin-1")))
-                message = {**message, "headers": headers}
+        elif (
+            self.decision is not None and kind == "http.response.start" and self.plan.names_upstream
+        ):
+            upstream = self.decision.upstream.encode("latin-1")
+            headers = [*message.get("headers", ()), (b"x-obleth-upstream", upstream)]
+            message = {**message, "headers": headers}
         return self.send(message)
 
     def _land(self) -> None:
