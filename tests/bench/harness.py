@@ -36,10 +36,11 @@ HEADERS = ("User-Agent: obleth-bench/1", "Accept: */*", "Authorization: Bearer s
 # -- processes -------------------------------------------------------------------------------
 
 
-def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a child process: ours, the repository importable, plus ``extra``."""
+def child_env(extra: Mapping[str, str] | None = None, *, root: Path = ROOT) -> dict[str, str]:
+    """The environment of a child process: ours, the ``gateway`` package of ``root`` (this
+    repository unless told otherwise) importable first, plus ``extra``."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
     env.update(extra or {})
     return env
 
@@ -71,6 +72,8 @@ class Server:
     ``env`` is added to the child's environment: it is how a factory, which uvicorn calls
     without arguments, learns run-specific values (a Redis URL, a pool name). ``under``
     is a command the server runs under (``instructions.py`` uses valgrind's cachegrind).
+    ``root`` holds the ``gateway`` package the server imports (``overhead.py --against``
+    serves another commit's); the apps are always this repository's ``apps.py``.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class Server:
         cpu: int | None = None,
         env: Mapping[str, str] | None = None,
         under: Sequence[str] = (),
+        root: Path = ROOT,
     ) -> None:
         self.factory = factory
         self.port = free_port()
@@ -89,7 +93,7 @@ class Server:
             "--loop", "uvloop", "--http", "httptools", "--lifespan", "on",
             "--no-access-log", "--log-level", "warning",
         ]  # fmt: skip
-        self.process = subprocess.Popen(command, cwd=ROOT, env=child_env(env))
+        self.process = subprocess.Popen(command, cwd=root, env=child_env(env, root=root))
         pin(self.process.pid, cpu)
 
     @property

@@ -1,7 +1,8 @@
 """What ``GatewayMiddleware`` costs a uvicorn server, measured against baselines in one run.
 
-    python tests/bench/overhead.py            # full run, about 130 s
-    python tests/bench/overhead.py --quick    # smoke run, about 20 seconds
+    python tests/bench/overhead.py                  # full run, about 130 s
+    python tests/bench/overhead.py --quick          # smoke run, about 20 seconds
+    python tests/bench/overhead.py --against REV    # also the gateway as at commit REV
 
 Three measurements, each next to a baseline taken in the same run:
 
@@ -10,6 +11,10 @@ Three measurements, each next to a baseline taken in the same run:
    (the floor of any middleware), and the bare app again in a second server (how far two
    identical servers measure apart: the run's noise), loaded in alternation for several
    rounds; req/s and latency are medians over rounds, ratios are taken within a round.
+   The guard: the server CPU the gateway adds per request stays within 1.5 times what
+   the naive semaphore adds (the median over rounds of the two additions' ratio). With
+   ``--against REV``, the gateway's ``gateway/`` as at commit REV is served too, in the
+   same alternation: how a change to the request path compares, through the VM's drift.
 2. Queue throughput: a 50 ms endpoint, limit 64, 256 clients, against the ideal
    64 / 0.05 s = 1 280 req/s; the server's own counters show the limit was never exceeded.
 3. Local wake-up after release, in process (``wakeup.py``).
@@ -28,6 +33,7 @@ Targets are printed, never asserted: the exit status is 1 only when a run is inv
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -35,12 +41,16 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from harness import (
     HERE,
+    ROOT,
+    Server,
     child_env,
     code_version,
     load,
@@ -59,6 +69,8 @@ TRIVIAL_VARIANTS = {
     "bare, again": "bare_again",
 }
 RATIO_TARGET = 0.92
+#: the guard: the server CPU the gateway adds, at most this many times the semaphore's
+ADDED_CPU_GUARD = 1.5
 QUEUE_TARGET = 0.97
 WAKEUP_TARGET_US = 1000.0
 QUEUE_LIMIT = 64  # as in apps.py, which this script does not import (it imports gateway)
@@ -76,6 +88,8 @@ class Plan:
     reference_seconds: float
     wakeup_samples: int
     pin: bool
+    #: a commit whose gateway is served next to this one's (``--against``), or None
+    against: str | None
 
     @property
     def server_cpu(self) -> int | None:
@@ -99,6 +113,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
         reference_seconds=1.5 if quick else 5.0,
         wakeup_samples=1000 if quick else 5000,
         pin=args.pin and (os.cpu_count() or 1) >= 2,
+        against=args.against,
     )
 
 
@@ -106,9 +121,21 @@ def plan_from(args: argparse.Namespace) -> Plan:
 
 
 def overhead(plan: Plan, problems: list[str]) -> dict[str, Any]:
-    names = list(TRIVIAL_VARIANTS)
-    with servers(list(TRIVIAL_VARIANTS.values()), cpu=plan.server_cpu) as running:
-        by_name = {name: running[factory] for name, factory in TRIVIAL_VARIANTS.items()}
+    variants = {name: (factory, ROOT) for name, factory in TRIVIAL_VARIANTS.items()}
+    with contextlib.ExitStack() as stack:
+        if plan.against is not None:
+            tree = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="obleth-")))
+            variants[f"gateway at {plan.against}"] = (
+                "with_gateway",
+                gateway_at(plan.against, tree),
+            )
+        names = list(variants)
+        by_name = {}
+        for name, (factory, root) in variants.items():
+            by_name[name] = Server(factory, cpu=plan.server_cpu, root=root)
+            stack.callback(by_name[name].stop)
+        for server in by_name.values():
+            server.wait_ready()
         for name in names:  # warm-up, not reported
             load(
                 by_name[name],
@@ -147,8 +174,31 @@ def overhead(plan: Plan, problems: list[str]) -> dict[str, Any]:
             "cpu_us": statistics.median(r.get("cpu_us_per_request", math.nan) for r in runs),
             "client_cpu": statistics.median(r["client_cpu"] for r in runs),
             "per_round": [r["rps"] for r in runs],
+            # what this variant adds to bare's server CPU per request, against what the
+            # semaphore adds, in the same round
+            "added_vs_semaphore": statistics.median(
+                added(r, name) / added(r, "naive semaphore") for r in rounds
+            ),
         }
     return table
+
+
+def added(this_round: dict[str, dict[str, Any]], name: str) -> float:
+    """The server CPU per request ``name`` adds to bare's, in one round (µs)."""
+    bare = this_round["bare"].get("cpu_us_per_request", math.nan)
+    cpu_us: float = this_round[name].get("cpu_us_per_request", math.nan) - bare
+    return cpu_us
+
+
+def gateway_at(revision: str, tree: Path) -> Path:
+    """``tree``, holding the ``gateway`` package as at commit ``revision``."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", revision, "gateway"],
+        capture_output=True,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
 
 
 def queue_throughput(plan: Plan, problems: list[str]) -> dict[str, Any]:
@@ -225,7 +275,7 @@ def report(
         f"{plan.rounds} rounds x {plan.seconds:g} s in alternation; medians of rounds"
     )
     add(
-        f"   {'variant':<16}{'req/s':>8}{'p50 ms':>8}{'p99 ms':>8}{'ratio':>8}"
+        f"   {'variant':<20}{'req/s':>8}{'p50 ms':>8}{'p99 ms':>8}{'ratio':>8}"
         f"{'srv CPU':>9}{'CPU us/req':>11}{'cli CPU':>9}   target"
     )
     for name, row in trivial.items():
@@ -237,10 +287,12 @@ def report(
             target = "floor (a middleware doing nothing)"
         elif name == "bare, again":
             target = "noise (the same app, another server)"
+        elif name.startswith("gateway at "):
+            target = "the gateway as at that commit"
         else:
             target = "reference peer"
         add(
-            f"   {name:<16}{row['rps']:>8.0f}{row['p50_ms']:>8.2f}{row['p99_ms']:>8.2f}"
+            f"   {name:<20}{row['rps']:>8.0f}{row['p50_ms']:>8.2f}{row['p99_ms']:>8.2f}"
             f"{row['ratio']:>7.3f}x{row['server_cpu']:>9.0%}{row['cpu_us']:>11.1f}"
             f"{row['client_cpu']:>9.0%}   {target}"
         )
@@ -259,6 +311,17 @@ def report(
             f"{name} {row['past_layer']:.3f}x"
             for name, row in trivial.items()
             if name in ("gateway", "naive semaphore")
+        )
+    )
+    guard = trivial["gateway"]["added_vs_semaphore"]
+    add(
+        "   server CPU added, against the naive semaphore's in the same round (median of "
+        f"rounds): gateway {guard:.2f}x (<= {ADDED_CPU_GUARD:.1f}x  "
+        f"{verdict(guard <= ADDED_CPU_GUARD)})"
+        + "".join(
+            f", {name} {row['added_vs_semaphore']:.2f}x"
+            for name, row in trivial.items()
+            if name.startswith("gateway at ")
         )
     )
     add("   req/s per round: " + "; ".join(
@@ -344,6 +407,11 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=32, help="for the trivial endpoint")
     parser.add_argument(
         "--pin", action="store_true", help="server on CPU 0, load generator on CPU 1"
+    )
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also serve the gateway as at this commit, in the same alternation",
     )
     args = parser.parse_args()
     plan = plan_from(args)
