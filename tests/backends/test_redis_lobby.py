@@ -8,90 +8,28 @@ Redis, the lobby's included: nobody waits for room while the queue has room.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway import Gateway, Settings
-from gateway.backends.redis import RedisBackend
-from gateway.backends.redis.audit import PoolAudit, audit
-from gateway.backends.redis.connect import connect
+from gateway import Gateway
 from gateway.backends.redis.keys import PoolKeys
 from gateway.core.tickets import Ticket
 from gateway.protocols import Permit
+from tests.backends.redis_pods import TTL, Pods, backend, eventually
 
 pytestmark = pytest.mark.anyio
 
-TTL = 0.6  # heartbeat every 0.2 s
 MAX_QUEUE = 1
-
-
-class Pods:
-    """Gateways under block sharing one pool with a queue of one."""
-
-    def __init__(self, url: str, pool: str) -> None:
-        self.url = url
-        self.pool = pool
-        self.started: list[Gateway] = []
-        self.client = connect(url, pool_size=4, timeout_s=5)
-
-    async def start(self, **settings: Any) -> Gateway:
-        values: dict[str, Any] = {
-            "redis_url": self.url,
-            "pool": self.pool,
-            "lease_ttl_s": TTL,
-            "redis_retry_budget_s": 0.3,
-            "learning_window_s": 0,
-            "global_max_in_flight": 1,
-            "max_queue": MAX_QUEUE,
-            "overflow_policy": "block",
-        }
-        values.update(settings)
-        gateway = Gateway(Settings(**values), entry_points=False)
-        await gateway.start()
-        self.started.append(gateway)
-        return gateway
-
-    async def audit(self) -> PoolAudit:
-        result = await audit(self.client, self.pool, max_queue=MAX_QUEUE)
-        assert result.ok, result.problems
-        return result
-
-    async def drained(self) -> bool:
-        """Whether, once every pod has said what it had to, nothing is held or waiting."""
-        for gateway in self.started:
-            if backend(gateway)._running:
-                await backend(gateway).settled()
-        found = await self.audit()
-        return (found.inflight, found.waiters) == (0, 0)
-
-    async def close(self) -> None:
-        for gateway in self.started:
-            await gateway.stop()
-        await self.client.aclose()
+#: the pods here: under block, with a queue of one and one seat
+BLOCK_POOL = {"global_max_in_flight": 1, "max_queue": MAX_QUEUE, "overflow_policy": "block"}
 
 
 @pytest.fixture
 async def pods(redis_url: str, pool_name: str) -> AsyncIterator[Pods]:
-    group = Pods(redis_url, pool_name)
+    group = Pods(redis_url, pool_name, settings=BLOCK_POOL, max_queue=MAX_QUEUE)
     yield group
     await group.close()
-
-
-def backend(gateway: Gateway) -> RedisBackend:
-    assert isinstance(gateway.backend, RedisBackend)
-    return gateway.backend
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if await check():
-            return True
-        await asyncio.sleep(0.02)
-    return await check()
 
 
 async def arrive(pods: Pods, gateway: Gateway, tenant: str) -> asyncio.Task[Permit]:
