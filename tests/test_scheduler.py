@@ -33,13 +33,22 @@ def assert_drained(gateway: Gateway) -> None:
 
 
 def test_set_capacity_refuses_a_bad_limit() -> None:
-    """A limit below 1 is refused with a message, and the old limit stays."""
+    """A limit below 0 (or no whole number) is refused with a message, and the old limit
+    stays; 0 pauses admissions until the limit is raised."""
 
     async def scenario() -> None:
         gateway = await started(global_max_in_flight=4)
-        with pytest.raises(ValueError, match="at least 1"):
-            gateway.set_capacity(0)
+        for bad in (-1, 2.5, True):
+            with pytest.raises(ValueError, match="at least 0"):
+                gateway.set_capacity(bad)  # type: ignore[arg-type]
         assert gateway.capacity.current() == 4
+        gateway.set_capacity(0)
+        waiting = asyncio.create_task(gateway.scheduler.acquire(Ticket("a")))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # paused: nothing is admitted
+        gateway.set_capacity(1)
+        (await asyncio.wait_for(waiting, 1)).release()
+        await gateway.stop()
 
     run(scenario)
 

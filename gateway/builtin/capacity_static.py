@@ -13,7 +13,9 @@ class StaticCapacity:
     """A fixed limit that an operator may change while the gateway runs.
 
     ``set_max_in_flight`` takes effect for the next admission decision; a raise admits
-    waiters at once (subscribers are told), a cut never revokes running requests.
+    waiters at once (subscribers are told), a cut never revokes running requests. ``0``
+    pauses admissions (for maintenance): running requests finish, newcomers wait (or are
+    refused, as the overflow policy says) until the limit is raised again.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -24,8 +26,10 @@ class StaticCapacity:
         return self._limit
 
     def set_max_in_flight(self, limit: int) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"max_in_flight={limit!r}: expected a whole number of at least 1")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(
+                f"max_in_flight={limit!r}: expected a whole number of at least 0 (0 pauses)"
+            )
         self._limit = limit
         for callback in self._subscribers:
             callback()

@@ -82,6 +82,28 @@ def check_header(settings: Settings, name: str, value: Any) -> str | None:
     return value.strip().lower()
 
 
+#: the shortest admin token accepted: guessing one of 16 random characters is hopeless
+MIN_TOKEN_CHARS = 16
+
+
+def check_token(settings: Settings, name: str, value: Any) -> str | None:
+    """A bearer token, or None; an error never shows the token itself."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value.strip()) < MIN_TOKEN_CHARS:
+        shown = f"<{len(value)} characters>" if isinstance(value, str) else type(value).__name__
+        raise settings.error(
+            name,
+            shown,
+            f"expected a token of at least {MIN_TOKEN_CHARS} characters, e.g. the output of "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`",
+        )
+    token: str = value.strip()
+    if not token.isprintable() or any(c.isspace() for c in token):
+        raise settings.error(name, "<hidden>", "expected a token without spaces or controls")
+    return token
+
+
 def check_required_header(settings: Settings, name: str, value: Any) -> str:
     header = check_header(settings, name, value)
     if header is None:

@@ -42,6 +42,7 @@ def setting(
     parse: EnvParser,
     check: Check,
     shown_default: str | None = None,
+    secret: bool = False,
 ) -> _T:
     """A field of a ``Declared`` dataclass: a setting with its ``default``, read from
     ``OBLETH_<NAME>`` by ``parse``, checked by ``check`` and described by ``doc``.
@@ -50,13 +51,14 @@ def setting(
     docs/configuration.md (``python -m gateway.settings.doctable`` writes it there).
     ``shown_default`` stands in that table for a default the value would misdescribe, such
     as a None that means "computed from other settings". A mapping default is frozen and
-    handed out by a factory, as dataclasses refuse mutable defaults.
+    handed out by a factory, as dataclasses refuse mutable defaults. A ``secret`` (a
+    token) is left out of the settings' ``repr``, so that logging them never leaks it.
     """
     metadata = {_METADATA_KEY: _Declaration(doc, parse, check, shown_default)}
     if isinstance(default, Mapping):
         frozen = MappingProxyType(dict(default))
         return field(default_factory=cast("Callable[[], _T]", lambda: frozen), metadata=metadata)
-    return field(default=default, metadata=metadata)
+    return field(default=default, metadata=metadata, repr=not secret)
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,10 +129,10 @@ class Settings(Declared):
         check=checks.check_int(1),
     )
     exempt_paths: tuple[str, ...] = setting(
-        ("/healthz", "/readyz", "/metrics"),
+        ("/healthz", "/readyz", "/metrics", "/api/v1/capacity"),
         doc="Paths that are never admission-controlled, exactly or as a prefix followed by "
-        "`/`; a path with a `.` or `..` segment (`/healthz/../v1/completions`) never counts "
-        "as exempt.",
+        "`/`: the probes, metrics and the admin API, which operators need during overload. "
+        "A path with a `.` or `..` segment (`/healthz/../v1/completions`) never counts.",
         parse=parsers.env_list,
         check=checks.check_paths,
     )
@@ -370,6 +370,14 @@ class Settings(Declared):
         "See [routing.md](routing.md#the-streaming-proxy-and-obleth-serve).",
         parse=parsers.env_list,
         check=checks.check_trusted_proxies,
+    )
+    admin_token: str | None = setting(
+        None,
+        doc="Bearer token of the admin API (`/api/v1/capacity`); without it the API is off "
+        "(404). At least 16 characters; never logged. See [operations.md](operations.md).",
+        parse=parsers.env_optional_text,
+        check=checks.check_token,
+        secret=True,
     )
 
     def tenant_caps(self) -> tuple[dict[str, int], int | None]:

@@ -1,0 +1,145 @@
+"""``admin_app(gateway)``: the admin API, an ASGI app of its own.
+
+It is mounted beside the gateway (its paths are exempt from admission, so operators
+reach it during overload) or served on a listener of its own. What it offers today:
+
+- ``GET /api/v1/capacity``: ``{"max_in_flight": N}``, the limit in force (in cluster
+  mode the pool's, as this pod last heard it from Redis).
+- ``PUT /api/v1/capacity`` with ``{"max_in_flight": N}``: the new limit, at once (in
+  cluster mode for every pod, within one heartbeat). ``0`` pauses admissions.
+
+Every call needs ``Authorization: Bearer <admin_token>``; without ``admin_token`` the API
+is off and answers 404, so that a gateway nobody configured exposes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+from typing import Any
+
+from gateway.asgi.responses import error_document, send_json, send_json_error
+from gateway.gateway import Gateway
+from gateway.types import ASGIApp, Receive, Scope, Send
+
+log = logging.getLogger("obleth.admin")
+
+CAPACITY_PATH = "/api/v1/capacity"
+
+#: the largest limit accepted: far beyond any inference fleet, small enough to be a typo
+MAX_LIMIT = 1_000_000
+#: the largest request body read: a capacity change is a few bytes
+MAX_BODY_BYTES = 4096
+_SHAPE = '{"max_in_flight": N}'
+
+
+def admin_app(gateway: Gateway) -> ASGIApp:
+    """The admin API over ``gateway`` (see the module docstring)."""
+    return _Admin(gateway)
+
+
+class _Admin:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        token = gateway.settings.admin_token
+        self._token = token.encode() if token is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return  # lifespan and websockets: nothing to do
+        if self._token is None or scope["path"] != CAPACITY_PATH:
+            await send_json_error(send, 404, "no such admin endpoint", code="not_found")
+            return
+        presented = _bearer(scope)
+        if presented is None or not hmac.compare_digest(presented, self._token):
+            await _unauthorized(send)
+            return
+        method = scope["method"]
+        if method == "GET":
+            await self._capacity(send)
+        elif method == "PUT":
+            await self._set_capacity(scope, receive, send, presented)
+        else:
+            await send_json_error(
+                send, 405, f"{method} is not allowed here; use GET or PUT", code="bad_method"
+            )
+
+    async def _capacity(self, send: Send) -> None:
+        await send_json(send, 200, {"max_in_flight": self.gateway.snapshot().limit})
+
+    async def _set_capacity(self, scope: Scope, receive: Receive, send: Send, token: bytes) -> None:
+        body = await _read_body(receive)
+        limit, problem = _limit_of(body)
+        if problem is not None:
+            status = 413 if body is None else 422
+            await send_json_error(send, status, problem, code="invalid_body", param="max_in_flight")
+            return
+        assert limit is not None
+        old = self.gateway.snapshot().limit
+        self.gateway.set_capacity(limit)
+        client = scope.get("client")
+        log.warning(
+            "capacity changed through the admin API: max_in_flight %d -> %d, by %s "
+            "(token sha256 %s)",
+            old,
+            limit,
+            f"{client[0]}:{client[1]}" if client else "an unknown client",
+            hashlib.sha256(token).hexdigest()[:8],
+        )
+        await send_json(send, 200, {"max_in_flight": limit})
+
+
+def _bearer(scope: Scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" else None
+    return None
+
+
+async def _unauthorized(send: Send) -> None:
+    message = "a valid admin token is required: Authorization: Bearer <admin_token>"
+    document = error_document(401, message, code="unauthorized")
+    await send_json(send, 401, document, [(b"www-authenticate", b'Bearer realm="obleth"')])
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The request body; None when it is larger than ``MAX_BODY_BYTES``."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b""
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _limit_of(body: bytes | None) -> tuple[int | None, str | None]:
+    """The limit a PUT body asks for, or the problem with the body."""
+    if body is None:
+        return None, f"the body is larger than {MAX_BODY_BYTES} bytes; send {_SHAPE}"
+    try:
+        document: Any = json.loads(body)
+    except (ValueError, RecursionError):
+        return None, f"the body is no JSON; send {_SHAPE}"
+    if not isinstance(document, dict):
+        return None, f"the body is no JSON object; send {_SHAPE}"
+    unknown = sorted(set(document) - {"max_in_flight"})
+    if unknown:
+        return None, f"unknown field {unknown[0]!r}; the only field is max_in_flight"
+    if "max_in_flight" not in document:
+        return None, f"max_in_flight is missing; send {_SHAPE}"
+    limit = document["max_in_flight"]
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        return None, f"max_in_flight: {limit!r} is no whole number"
+    if not 0 <= limit <= MAX_LIMIT:
+        return None, f"max_in_flight: {limit} is outside 0 to {MAX_LIMIT} (0 pauses admissions)"
+    return limit, None

@@ -1,0 +1,175 @@
+"""The admin API's capacity endpoint, served by a real uvicorn and called by a real HTTP
+client: reading and changing the limit live, refusing bad bodies and bad tokens without
+touching the limit, off without a token, and one limit for every pod in cluster mode."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway import Gateway, Settings
+from gateway.admin import admin_app
+from gateway.core.tickets import Ticket
+from gateway.loopback import serve_in_task
+from tests.backends.redis_pods import Pods, eventually
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "test-token-0123456789abcdef"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@asynccontextmanager
+async def admin(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``gateway``'s admin API, served on a loopback port."""
+    async with (
+        serve_in_task(admin_app(gateway), lifespan="off") as server,
+        httpx.AsyncClient(base_url=server.url, trust_env=False) as client,
+    ):
+        yield client
+
+
+@asynccontextmanager
+async def started(**settings: Any) -> AsyncIterator[Gateway]:
+    gateway = Gateway(Settings(**settings), entry_points=False)
+    await gateway.start()
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+async def test_an_operator_reads_and_changes_the_limit_live(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """GET answers the limit in force; PUT changes it at once, and the log says old -> new,
+    who asked and a short hash of the token, never the token."""
+    caplog.set_level(logging.WARNING, "obleth.admin")
+    async with (
+        started(global_max_in_flight=4, admin_token=TOKEN) as gateway,
+        admin(gateway) as client,
+    ):
+        read = await client.get("/api/v1/capacity", headers=BEARER)
+        assert (read.status_code, read.json()) == (200, {"max_in_flight": 4})
+        changed = await client.put("/api/v1/capacity", headers=BEARER, json={"max_in_flight": 300})
+        assert (changed.status_code, changed.json()) == (200, {"max_in_flight": 300})
+        assert gateway.capacity.current() == 300
+        again = await client.get("/api/v1/capacity", headers=BEARER)
+        assert again.json() == {"max_in_flight": 300}
+    assert "max_in_flight 4 -> 300, by 127.0.0.1:" in caplog.text
+    assert TOKEN not in caplog.text
+
+
+async def test_zero_pauses_admissions_until_the_limit_is_raised() -> None:
+    async with (
+        started(global_max_in_flight=2, admin_token=TOKEN) as gateway,
+        admin(gateway) as client,
+    ):
+        paused = await client.put("/api/v1/capacity", headers=BEARER, json={"max_in_flight": 0})
+        assert paused.json() == {"max_in_flight": 0}
+        waiting = asyncio.create_task(gateway.scheduler.acquire(Ticket("t")))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not waiting.done()
+        await client.put("/api/v1/capacity", headers=BEARER, json={"max_in_flight": 1})
+        (await asyncio.wait_for(waiting, 2)).release()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        (b'{"max_in_flight": -1}', 422, "outside 0 to"),
+        (b'{"max_in_flight": 2.5}', 422, "no whole number"),
+        (b'{"max_in_flight": "7"}', 422, "no whole number"),
+        (b'{"max_in_flight": true}', 422, "no whole number"),
+        (b"{}", 422, "missing"),
+        (b'{"max_in_flight": 5, "extra": 1}', 422, "unknown field 'extra'"),
+        (b'{"max_in_flight": 1000000000}', 422, "outside 0 to"),
+        (b"not json", 422, "no JSON"),
+        (b"[5]", 422, "no JSON object"),
+        (b'{"max_in_flight": 5, "pad": "' + b"x" * 5000 + b'"}', 413, "larger than"),
+    ],
+)
+async def test_a_bad_body_is_refused_by_name_and_the_limit_stays(
+    body: bytes, status: int, says: str
+) -> None:
+    async with (
+        started(global_max_in_flight=4, admin_token=TOKEN) as gateway,
+        admin(gateway) as client,
+    ):
+        answer = await client.put("/api/v1/capacity", headers=BEARER, content=body)
+        error = answer.json()["error"]
+        assert answer.status_code == status
+        assert error["param"] == "max_in_flight" and says in error["message"]
+        assert gateway.capacity.current() == 4
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": f"Basic {TOKEN}"}],
+)
+async def test_no_token_or_a_wrong_one_gets_401_and_changes_nothing(
+    headers: dict[str, str],
+) -> None:
+    async with (
+        started(global_max_in_flight=4, admin_token=TOKEN) as gateway,
+        admin(gateway) as client,
+    ):
+        for answer in (
+            await client.get("/api/v1/capacity", headers=headers),
+            await client.put("/api/v1/capacity", headers=headers, json={"max_in_flight": 9}),
+        ):
+            assert answer.status_code == 401
+            assert answer.headers["www-authenticate"].startswith("Bearer")
+            assert answer.json()["error"]["code"] == "unauthorized"
+        assert gateway.capacity.current() == 4
+
+
+async def test_without_a_token_the_api_is_off() -> None:
+    async with started(global_max_in_flight=4) as gateway, admin(gateway) as client:
+        assert (await client.get("/api/v1/capacity")).status_code == 404
+        put = await client.put("/api/v1/capacity", headers=BEARER, json={"max_in_flight": 9})
+        assert put.status_code == 404
+        assert gateway.capacity.current() == 4
+
+
+def test_a_token_too_short_stops_startup_without_showing_it() -> None:
+    with pytest.raises(ValueError, match="at least 16 characters") as caught:
+        Settings(admin_token="hunter2")
+    assert "hunter2" not in str(caught.value)
+    assert "hunter2" not in repr(Settings(admin_token=TOKEN + "hunter2"))
+
+
+async def test_in_cluster_mode_one_put_changes_every_pod_and_survives_a_restart(
+    redis_url: str, pool_name: str
+) -> None:
+    pods = Pods(redis_url, pool_name, settings={"admin_token": TOKEN, "global_max_in_flight": 4})
+    try:
+        a = await pods.start()
+        b = await pods.start()
+        async with admin(a) as client:
+            put = await client.put("/api/v1/capacity", headers=BEARER, json={"max_in_flight": 30})
+            assert put.json() == {"max_in_flight": 30}
+
+        async def told() -> bool:
+            return b.snapshot().limit == 30
+
+        assert await eventually(told, 3)  # within a heartbeat (0.2 s here)
+        await b.stop()
+        again = await pods.start()  # a pod restarted with the limit of its settings (4)
+
+        async def kept() -> bool:
+            return again.snapshot().limit == 30
+
+        assert await eventually(kept, 3)
+        async with admin(again) as client:
+            read = await client.get("/api/v1/capacity", headers=BEARER)
+            assert read.json() == {"max_in_flight": 30}
+    finally:
+        await pods.close()
