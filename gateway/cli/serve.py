@@ -4,6 +4,7 @@ streaming proxy, for users without an ASGI app of their own."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import sys
 from collections.abc import Iterator
@@ -11,9 +12,10 @@ from typing import Any
 
 import uvicorn
 
+from gateway.admin.api import admin_app
 from gateway.admin.health import HEALTH_PATH, METRICS_PATH, READY_PATH, Probes
 from gateway.asgi.middleware import GatewayMiddleware
-from gateway.cli.server_flags import add_server_flags
+from gateway.cli.server_flags import add_server_flags, tcp_port
 from gateway.errors import ConfigError
 from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
@@ -21,6 +23,9 @@ from gateway.server import BodyTimeout, bounded_protocol
 from gateway.settings import Settings
 from gateway.telemetry.gauges import observe_gateway
 from gateway.telemetry.sdk import PrometheusExport, install_prometheus_export
+
+#: where ``obleth serve`` listens for the admin API unless told otherwise (the seed's port)
+ADMIN_PORT = 9090
 
 # flag -> setting; a flag left out keeps the OBLETH_* value or the default
 _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
@@ -32,7 +37,12 @@ _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         'weighted scorers, e.g. "prefix-affinity:5,queue-depth:1"',
     ),
     ("--max-in-flight", "global_max_in_flight", int, "requests in flight at most (all upstreams)"),
-    ("--overflow-policy", "overflow_policy", str, "block, drop-newest or drop-oldest"),
+    (
+        "--overflow-policy",
+        "overflow_policy",
+        str,
+        "block, drop-newest, drop-oldest or reject (see docs/configuration.md)",
+    ),
     ("--redis-url", "redis_url", str, "share the budget and in-flight counts with other pods"),
     ("--pool", "pool", str, "name of the shared budget in Redis"),
     ("--seed", "routing_seed", int, "seed of the random choice between tied upstreams"),
@@ -61,6 +71,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(default: OBLETH_UPSTREAMS)",
     )
     add_server_flags(parser, port=8000)
+    parser.add_argument(
+        "--admin-port",
+        type=tcp_port,
+        default=ADMIN_PORT,
+        help=f"port of the admin API (default {ADMIN_PORT}), on the same interface; served "
+        "only when OBLETH_ADMIN_TOKEN is set",
+    )
     for flag, _, kind, help_text in _FLAGS:
         parser.add_argument(flag, type=kind, default=None, help=help_text)
     parser.add_argument(
@@ -152,19 +169,57 @@ def run(args: argparse.Namespace) -> int:
         settings = Settings.from_env(**overrides)
         app = build_app(settings, export=install_prometheus_export())
     upstreams = ", ".join(str(u) for u in settings.upstreams)
+    admin = settings.admin_token is not None
     print(
         f"obleth serve: http://{args.host}:{args.port} -> {upstreams} "
-        f"({settings.routing_policy}), at most {app.gateway.capacity.current()} in flight",
+        f"({settings.routing_policy}), at most {app.gateway.capacity.current()} in flight; "
+        + (
+            f"admin API on http://{args.host}:{args.admin_port}"
+            if admin
+            else "admin API off (no OBLETH_ADMIN_TOKEN)"
+        ),
         file=sys.stderr,
     )
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=args.access_log,
-        lifespan="on",
-        timeout_graceful_shutdown=30,
-        **server_options(settings),
-    )
+    common = {"host": args.host, "log_level": args.log_level, "timeout_graceful_shutdown": 30}
+    servers = [
+        uvicorn.Server(
+            uvicorn.Config(
+                app,
+                port=args.port,
+                access_log=args.access_log,
+                lifespan="on",
+                **common,
+                **server_options(settings),
+            )
+        )
+    ]
+    if admin:
+        # its own listener: operators reach it however busy the gateway's port is
+        servers.append(
+            uvicorn.Server(
+                uvicorn.Config(
+                    admin_app(app.gateway),
+                    port=args.admin_port,
+                    access_log=True,
+                    lifespan="off",
+                    proxy_headers=False,
+                    **common,
+                )
+            )
+        )
+    asyncio.run(_serve_all(servers))
     return 0
+
+
+async def _serve_all(servers: list[uvicorn.Server]) -> None:
+    """Serve every server on this loop until a signal stops them; if one stops (it could
+    not bind its port), the others are told to stop too."""
+    tasks = [asyncio.create_task(server.serve()) for server in servers]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for server in servers:
+            server.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in tasks:
+        task.result()  # a server's own error, if it had one
