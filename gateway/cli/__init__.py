@@ -6,10 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gateway.cli import demo, mock_backend, plugins, serve
+from gateway.cli import capacity, demo, mock_backend, plugins, serve
 from gateway.errors import OblethError
 
-COMMANDS = (demo, mock_backend, plugins, serve)
+COMMANDS = (capacity, demo, mock_backend, plugins, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

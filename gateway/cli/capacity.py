@@ -1,0 +1,85 @@
+"""``obleth capacity get|set N``: read or change a running gateway's limit through its
+admin API (``/api/v1/capacity``), from a shell or a deployment script."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import httpx
+
+from gateway.admin.api import CAPACITY_PATH
+from gateway.settings import ENV_PREFIX
+
+#: where the admin API listens unless told otherwise (``obleth serve --admin-port``)
+DEFAULT_URL = "http://127.0.0.1:9090"
+#: the admin token's variable, as the gateway reads it
+TOKEN_VARIABLE = ENV_PREFIX + "ADMIN_TOKEN"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "capacity",
+        help="read or change a running gateway's limit on requests in flight",
+        description="Read (get) or change (set N) the limit of a running gateway through its "
+        f"admin API. The token is --token or ${TOKEN_VARIABLE}. In cluster mode any pod "
+        "changes the limit of the whole pool. 0 pauses admissions.",
+    )
+    parser.add_argument("action", choices=["get", "set"], help="get the limit, or set it")
+    parser.add_argument("limit", nargs="?", type=int, help="the new limit, for set")
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"the admin API (default {DEFAULT_URL})")
+    parser.add_argument("--token", help=f"the admin token (default: ${TOKEN_VARIABLE})")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for it")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Prints the limit on stdout; a failure is one line on stderr and exit status 1 (2
+    for a command line that cannot work)."""
+    if args.action == "set" and args.limit is None:
+        return _fail("set needs the new limit: obleth capacity set N", status=2)
+    if args.action == "get" and args.limit is not None:
+        return _fail("get takes no limit: obleth capacity get", status=2)
+    token = args.token or os.environ.get(TOKEN_VARIABLE)
+    if not token:
+        return _fail(f"no admin token: pass --token or set {TOKEN_VARIABLE}", status=2)
+    url = args.url.rstrip("/") + CAPACITY_PATH
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        with httpx.Client(timeout=args.timeout, trust_env=False) as client:
+            if args.action == "get":
+                answer = client.get(url, headers=headers)
+            else:
+                answer = client.put(url, headers=headers, json={"max_in_flight": args.limit})
+    except httpx.HTTPError as exc:
+        return _fail(f"{url}: {type(exc).__name__}: {exc or 'no answer'}")
+    document = _json(answer)
+    if answer.status_code != 200:
+        message = _error_message(document) or answer.reason_phrase
+        return _fail(f"{url}: {answer.status_code} {message}")
+    limit = document.get("max_in_flight") if isinstance(document, dict) else None
+    if not isinstance(limit, int):
+        return _fail(f"{url}: the answer holds no max_in_flight; is this an Obleth admin API?")
+    print(limit)
+    return 0
+
+
+def _json(answer: httpx.Response) -> Any:
+    try:
+        return answer.json()
+    except ValueError:
+        return None
+
+
+def _error_message(document: Any) -> str | None:
+    if isinstance(document, dict) and isinstance(document.get("error"), dict):
+        message = document["error"].get("message")
+        return message if isinstance(message, str) else None
+    return None
+
+
+def _fail(message: str, *, status: int = 1) -> int:
+    print(f"obleth capacity: {message}", file=sys.stderr)
+    return status

@@ -1,0 +1,74 @@
+"""``obleth capacity get|set``: the limit of a running gateway, read and changed from the
+command line through a real admin API; every failure is one line and a non-zero status."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from gateway import Gateway, Settings
+from gateway.admin import admin_app
+from gateway.loopback import serve_in_thread
+from tests.cluster.pods import free_port
+
+TOKEN = "cli-admin-token-0123456789"
+
+
+@pytest.fixture
+def admin_url() -> Iterator[tuple[str, Gateway]]:
+    """An admin API over a gateway with limit 5, on a loopback port."""
+    gateway = Gateway(Settings(global_max_in_flight=5, admin_token=TOKEN), entry_points=False)
+    with serve_in_thread(admin_app(gateway), lifespan="off") as server:
+        yield server.url, gateway
+
+
+def obleth(*argv: str, token: str | None = TOKEN) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin"}
+    if token is not None:
+        env["OBLETH_ADMIN_TOKEN"] = token
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "capacity", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_get_and_set_print_the_limit(admin_url: tuple[str, Gateway]) -> None:
+    url, gateway = admin_url
+    assert obleth("get", "--url", url).stdout == "5\n"
+    done = obleth("set", "40", "--url", url)
+    assert (done.returncode, done.stdout) == (0, "40\n")
+    assert gateway.capacity.current() == 40
+    assert obleth("get", "--url", url, "--token", TOKEN, token=None).stdout == "40\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "token", "status", "says"),
+    [
+        (("set", "-3"), TOKEN, 1, "422 max_in_flight: -3 is outside 0 to"),
+        (("get",), "wrong-token-0123456789", 1, "401 a valid admin token is required"),
+        (("get",), None, 2, "no admin token"),
+        (("set",), TOKEN, 2, "set needs the new limit"),
+    ],
+)
+def test_a_failure_is_one_line_and_a_nonzero_status(
+    admin_url: tuple[str, Gateway], argv: tuple[str, ...], token: str | None, status: int, says: str
+) -> None:
+    url, gateway = admin_url
+    done = obleth(*argv, "--url", url, token=token)
+    assert done.returncode == status
+    assert done.stderr.count("\n") == 1 and says in done.stderr
+    assert "Traceback" not in done.stderr
+    assert gateway.capacity.current() == 5
+
+
+def test_nobody_listening_is_one_line() -> None:
+    done = obleth("get", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "2")
+    assert done.returncode == 1
+    assert done.stderr.startswith("obleth capacity: ") and done.stderr.count("\n") == 1
+    assert "ConnectError" in done.stderr
