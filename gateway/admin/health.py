@@ -25,13 +25,41 @@ METRICS_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 READY_QUEUE_SHARE = 0.8
 
 
+def readiness(gateway: Gateway) -> tuple[int, dict[str, object]]:
+    """``/readyz``'s status and body: 200 when nothing below holds, else 503, with each
+    reason that holds in ``not_ready``.
+
+    - the gateway has not started (or has stopped);
+    - upstreams are configured and none is healthy;
+    - at least 80 % of ``max_queue`` waits;
+    - cluster mode, ``redis_failure_mode=closed``, and Redis cannot be reached: the pod
+      refuses every new request, so the load balancer should send them elsewhere.
+    """
+    readings = gateway.readings
+    healthy = [u for u in readings if readings.get(u).healthy]
+    snapshot = gateway.snapshot()
+    reasons = []
+    if not gateway.started:
+        reasons.append("the gateway has not started")
+    if len(readings) > 0 and not healthy:
+        reasons.append("no upstream is healthy")
+    if snapshot.max_queue > 0 and snapshot.queued >= READY_QUEUE_SHARE * snapshot.max_queue:
+        reasons.append(f"the queue holds {READY_QUEUE_SHARE:.0%} of max_queue or more")
+    if getattr(gateway.backend, "mode", None) == "closed":
+        reasons.append("Redis cannot be reached and redis_failure_mode is closed")
+    body: dict[str, object] = {"healthy_upstreams": healthy, "queued": snapshot.queued}
+    if reasons:
+        body["not_ready"] = reasons
+    return (503 if reasons else 200), body
+
+
 class Probes:
     """Answers three paths itself, whatever the method; everything else goes to ``app``.
 
     - ``/healthz``: ``200 {"status": "alive"}`` while the process runs.
-    - ``/readyz``: ``200`` when the gateway has started, at least one upstream is healthy
-      (when upstreams are configured) and fewer requests wait than 80 % of ``max_queue``;
-      ``503`` otherwise. The body says why: ``{"healthy_upstreams": [...], "queued": n}``.
+    - ``/readyz``: ``200`` when the gateway is ready for traffic, ``503`` otherwise (see
+      ``readiness``); the body says why: ``{"healthy_upstreams": [...], "queued": n}``
+      and, when not ready, ``"not_ready": [reasons]``.
     - ``/metrics``: ``200`` with ``metrics()``, Prometheus text; ``metrics`` is called once
       per scrape, on the event loop, so it must answer from memory. Without ``metrics``,
       the path goes to ``app`` like any other.
@@ -56,16 +84,7 @@ class Probes:
             await self.app(scope, receive, send)
 
     async def _ready(self, send: Send) -> None:
-        readings = self.gateway.readings
-        healthy = [u for u in readings if readings.get(u).healthy]
-        snapshot = self.gateway.snapshot()
-        backed_up = (
-            snapshot.max_queue > 0 and snapshot.queued >= READY_QUEUE_SHARE * snapshot.max_queue
-        )
-        routed = len(readings) > 0
-        ready = (bool(healthy) or not routed) and self.gateway.started and not backed_up
-        payload = {"healthy_upstreams": healthy, "queued": snapshot.queued}
-        await send_json(send, 200 if ready else 503, payload)
+        await send_json(send, *readiness(self.gateway))
 
     async def _metrics(self, body: bytes, send: Send) -> None:
         headers = [

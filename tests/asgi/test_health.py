@@ -37,7 +37,9 @@ def test_an_application_mounts_the_probes_around_the_middleware() -> None:
             slow_app, Settings(global_max_in_flight=1, max_queue=5, queue_timeout_s=3600)
         )
         probes = Probes(middleware, middleware.gateway)
-        assert (await get(probes, "/readyz")).status == 503  # not started yet
+        unstarted = await get(probes, "/readyz")
+        assert unstarted.status == 503
+        assert unstarted.json()["not_ready"] == ["the gateway has not started"]
         await middleware.gateway.start()
         try:
             ready = await get(probes, "/readyz")
@@ -53,6 +55,7 @@ def test_an_application_mounts_the_probes_around_the_middleware() -> None:
                 await asyncio.sleep(0)
             busy = await get(probes, "/readyz")
             assert (busy.status, busy.json()["queued"]) == (503, 4)
+            assert busy.json()["not_ready"] == ["the queue holds 80% of max_queue or more"]
             assert (await get(probes, "/healthz")).json() == {"status": "alive"}
             for task in tasks:
                 task.cancel()

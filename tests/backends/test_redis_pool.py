@@ -21,6 +21,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from redis.crc import key_slot
 
 from gateway import Gateway, Rejected
+from gateway.admin.health import readiness
 from gateway.backends.redis import RedisBackend
 from gateway.backends.redis.connect import connect
 from gateway.backends.redis.keys import PoolKeys
@@ -268,6 +269,29 @@ async def test_failure_mode_while_redis_is_paused(
     for permit in permits:
         permit.release()
     assert (await pods.wait_empty(2)).empty
+
+
+async def test_a_pod_refusing_everything_in_closed_mode_is_not_ready(
+    own_pods: Pods, own_redis: RedisServer
+) -> None:
+    """While Redis cannot be reached under redis_failure_mode=closed, /readyz says so (the
+    load balancer should send traffic elsewhere), and says ready again once it answers."""
+    pod = await own_pods.start(redis_failure_mode="closed", queue_timeout_s=0.5)
+    assert readiness(pod)[0] == 200
+    own_redis.pause()
+    try:
+        with pytest.raises(Rejected):
+            await pod.scheduler.acquire(Ticket("t"))
+        status, body = readiness(pod)
+        assert status == 503
+        assert body["not_ready"] == ["Redis cannot be reached and redis_failure_mode is closed"]
+    finally:
+        own_redis.resume()
+
+    async def ready() -> bool:
+        return readiness(pod)[0] == 200
+
+    assert await eventually(ready, 3 * TTL)
 
 
 @pytest.mark.parametrize(("mode", "admitted"), [("closed", 0), ("local", 2)])
