@@ -7,6 +7,9 @@ reach it during overload) or served on a listener of its own. What it offers tod
   mode the pool's, as this pod last heard it from Redis).
 - ``PUT /api/v1/capacity`` with ``{"max_in_flight": N}``: the new limit, at once (in
   cluster mode for every pod, within one heartbeat). ``0`` pauses admissions.
+- ``GET /api/v1/status``: the gateway's state (``status.py``): the limit and each
+  provider's value, requests in flight and queued (by class, by tenant, bounded), the
+  upstreams, the cluster.
 
 Every call needs ``Authorization: Bearer <admin_token>``; without ``admin_token`` the API
 is off and answers 404, so that a gateway nobody configured exposes nothing.
@@ -20,6 +23,7 @@ import json
 import logging
 from typing import Any
 
+from gateway.admin.status import status
 from gateway.asgi.responses import error_document, send_json, send_json_error
 from gateway.gateway import Gateway
 from gateway.types import ASGIApp, Receive, Scope, Send
@@ -27,6 +31,7 @@ from gateway.types import ASGIApp, Receive, Scope, Send
 log = logging.getLogger("obleth.admin")
 
 CAPACITY_PATH = "/api/v1/capacity"
+STATUS_PATH = "/api/v1/status"
 
 #: the largest limit accepted: far beyond any inference fleet, small enough to be a typo
 MAX_LIMIT = 1_000_000
@@ -49,7 +54,8 @@ class _Admin:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return  # lifespan and websockets: nothing to do
-        if self._token is None or scope["path"] != CAPACITY_PATH:
+        path = scope["path"]
+        if self._token is None or path not in (CAPACITY_PATH, STATUS_PATH):
             await send_json_error(send, 404, "no such admin endpoint", code="not_found")
             return
         presented = _bearer(scope)
@@ -57,7 +63,14 @@ class _Admin:
             await _unauthorized(send)
             return
         method = scope["method"]
-        if method == "GET":
+        if path == STATUS_PATH:
+            if method == "GET":
+                await send_json(send, 200, status(self.gateway))
+            else:
+                await send_json_error(
+                    send, 405, f"{method} is not allowed here; use GET", code="bad_method"
+                )
+        elif method == "GET":
             await self._capacity(send)
         elif method == "PUT":
             await self._set_capacity(scope, receive, send, presented)

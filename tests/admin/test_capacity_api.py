@@ -15,6 +15,7 @@ import pytest
 
 from gateway import Gateway, Settings
 from gateway.admin import admin_app
+from gateway.admin.status import status
 from gateway.core.tickets import Ticket
 from gateway.loopback import serve_in_task
 from tests.backends.redis_pods import Pods, eventually
@@ -161,6 +162,13 @@ async def test_in_cluster_mode_one_put_changes_every_pod_and_survives_a_restart(
             return b.snapshot().limit == 30
 
         assert await eventually(told, 3)  # within a heartbeat (0.2 s here)
+        cluster = status(b)["cluster"]
+        assert (cluster["pool"], cluster["mode"], cluster["degraded"]) == (
+            pool_name,
+            "redis",
+            False,
+        )
+        assert status(b)["capacity"]["max_in_flight"] == 30
         await b.stop()
         again = await pods.start()  # a pod restarted with the limit of its settings (4)
 

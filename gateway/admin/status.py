@@ -1,0 +1,118 @@
+"""What ``GET /api/v1/status`` reports: the gateway's state at one instant, read from the
+one source of truth (the counter backend, the providers, the readings), for operators and
+the dashboard. Plain JSON-able dicts; nothing here changes anything."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from gateway.core.tickets import PRIORITIES
+from gateway.gateway import Gateway
+from gateway.protocols import Snapshot
+
+#: how many tenants are listed by name, the most active first; the rest are summed up
+#: as ``other``, so that a flood of tenants cannot make the answer grow without bound
+TENANTS_SHOWN = 20
+
+
+def status(gateway: Gateway, *, tenants_shown: int = TENANTS_SHOWN) -> dict[str, Any]:
+    """The gateway's state now; see docs/operations.md for each field."""
+    snapshot = gateway.snapshot()
+    return {
+        "capacity": {
+            "max_in_flight": snapshot.limit,
+            "providers": _providers(gateway),
+        },
+        "in_flight": snapshot.inflight,
+        "queued": snapshot.queued,
+        "max_queue": snapshot.max_queue,
+        "queued_by_class": _by_class(snapshot),
+        "tenants": _tenants(snapshot, tenants_shown),
+        "upstreams": _upstreams(gateway),
+        "cluster": _cluster(gateway),
+        "started": gateway.started,
+    }
+
+
+def _providers(gateway: Gateway) -> dict[str, int | None]:
+    """Each provider's own value (None when it fails to answer: the gateway keeps its last
+    good one, and the log names it)."""
+    values: dict[str, int | None] = {}
+    for name, provider in gateway.providers.items():
+        try:
+            values[name] = int(provider.max_in_flight())
+        except Exception:
+            values[name] = None
+    return values
+
+
+def _by_class(snapshot: Snapshot) -> dict[str, int]:
+    totals: dict[str, int] = dict.fromkeys(PRIORITIES, 0)
+    for tenant in snapshot.tenants.values():
+        for priority, count in tenant.queued.items():
+            totals[priority] = totals.get(priority, 0) + count
+    return totals
+
+
+def _tenants(snapshot: Snapshot, shown: int) -> dict[str, Any]:
+    """The ``shown`` most active tenants (seats held plus requests waiting) by name, and
+    the others summed up as ``other``."""
+
+    def activity(item: tuple[str, Any]) -> tuple[int, str]:
+        name, state = item
+        return (-(state.inflight + sum(state.queued.values())), name)
+
+    ranked = sorted(snapshot.tenants.items(), key=activity)
+    listed = {}
+    for name, state in ranked[:shown]:
+        listed[name] = {
+            "in_flight": state.inflight,
+            "waiting": sum(state.queued.values()),
+            "weight": state.weight,
+            "share": state.inflight / snapshot.inflight if snapshot.inflight else 0.0,
+        }
+    rest = ranked[shown:]
+    return {
+        "listed": listed,
+        "other": {
+            "tenants": len(rest),
+            "in_flight": sum(state.inflight for _, state in rest),
+            "waiting": sum(sum(state.queued.values()) for _, state in rest),
+        },
+    }
+
+
+def _upstreams(gateway: Gateway) -> dict[str, Any]:
+    readings = gateway.readings
+    ours = gateway.router.fleet.inflight.totals() if gateway.router is not None else {}
+    now = time.monotonic()
+    result = {}
+    for upstream in readings:
+        reading = readings.get(upstream)
+        age = reading.age_s(now)
+        result[upstream] = {
+            "healthy": reading.healthy,
+            "in_flight": ours.get(upstream, 0),
+            "running": reading.running,
+            "waiting": reading.waiting,
+            "kv_usage": reading.kv_usage,
+            "reading_age_s": None if math.isinf(age) else round(age, 3),
+        }
+    return result
+
+
+def _cluster(gateway: Gateway) -> dict[str, Any] | None:
+    """None in process; in cluster mode the pool as this pod last heard it from Redis."""
+    settings = gateway.settings
+    if settings.redis_url is None:
+        return None
+    backend: Any = gateway.backend
+    return {
+        "pool": settings.pool,
+        "live_pods": backend.live_pods,
+        "mode": backend.mode,
+        "degraded": backend.degraded_since is not None,
+        "failure_mode": settings.redis_failure_mode,
+    }
