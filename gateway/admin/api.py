@@ -91,7 +91,11 @@ class _Admin:
             return
         assert limit is not None
         old = self.gateway.snapshot().limit
-        self.gateway.set_capacity(limit)
+        try:
+            self.gateway.set_capacity(limit)
+        except RuntimeError as exc:  # no capacity provider here can be set
+            await send_json_error(send, 409, str(exc), code="not_settable")
+            return
         client = scope.get("client")
         log.warning(
             "capacity changed through the admin API: max_in_flight %d -> %d, by %s "

@@ -132,6 +132,21 @@ async def test_no_token_or_a_wrong_one_gets_401_and_changes_nothing(
         assert gateway.capacity.current() == 4
 
 
+async def test_a_limit_no_provider_can_take_is_a_409_that_says_why() -> None:
+    """With two providers that can both be set, the API does not guess which one."""
+    async with (
+        started(
+            global_max_in_flight=4, admin_token=TOKEN, capacity_providers=("static",)
+        ) as gateway,
+        admin(gateway) as client,
+    ):
+        gateway.providers["second"] = gateway.providers["static"]  # two that can be set
+        answer = await client.put("/api/v1/capacity", headers=BEARER, json={"max_in_flight": 9})
+        assert answer.status_code == 409
+        assert "exactly one capacity provider that can be set" in answer.json()["error"]["message"]
+        assert gateway.capacity.current() == 4
+
+
 async def test_without_a_token_the_api_is_off() -> None:
     async with started(global_max_in_flight=4) as gateway, admin(gateway) as client:
         assert (await client.get("/api/v1/capacity")).status_code == 404
