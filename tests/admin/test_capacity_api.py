@@ -10,30 +10,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 import pytest
 
 from gateway import Gateway, Settings
-from gateway.admin import admin_app
 from gateway.admin.status import status
 from gateway.core.tickets import Ticket
-from gateway.loopback import serve_in_task
+from tests.admin.client import BEARER, TOKEN, admin
 from tests.backends.redis_pods import Pods, eventually
 
 pytestmark = pytest.mark.anyio
-
-TOKEN = "test-token-0123456789abcdef"
-BEARER = {"Authorization": f"Bearer {TOKEN}"}
-
-
-@asynccontextmanager
-async def admin(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of ``gateway``'s admin API, served on a loopback port."""
-    async with (
-        serve_in_task(admin_app(gateway), lifespan="off") as server,
-        httpx.AsyncClient(base_url=server.url, trust_env=False) as client,
-    ):
-        yield client
 
 
 @asynccontextmanager

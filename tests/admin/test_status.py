@@ -5,19 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 
 from gateway import Gateway, Settings
-from gateway.admin import admin_app
 from gateway.admin.status import status
 from gateway.core.tickets import Ticket
-from gateway.loopback import serve_in_task
+from tests.admin.client import BEARER, TOKEN, admin
 
 pytestmark = pytest.mark.anyio
-
-TOKEN = "status-token-0123456789abcdef"
-BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
 async def test_status_reports_seats_waiters_tenants_and_upstreams() -> None:
@@ -55,10 +50,7 @@ async def test_status_reports_seats_waiters_tenants_and_upstreams() -> None:
         upstream = found["upstreams"]["http://127.0.0.1:9"]
         assert upstream["in_flight"] == 0 and upstream["healthy"] is False
         assert found["cluster"] is None and found["started"] is True
-        async with (
-            serve_in_task(admin_app(gateway), lifespan="off") as server,
-            httpx.AsyncClient(base_url=server.url, trust_env=False) as client,
-        ):
+        async with admin(gateway) as client:
             answer = await client.get("/api/v1/status", headers=BEARER)
             assert answer.status_code == 200
             assert answer.json()["queued_by_class"] == found["queued_by_class"]
