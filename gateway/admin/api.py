@@ -10,9 +10,16 @@ reach it during overload) or served on a listener of its own. What it offers tod
 - ``GET /api/v1/status``: the gateway's state (``status.py``): the limit and each
   provider's value, requests in flight and queued (by class, by tenant, bounded), the
   upstreams, the cluster.
+- ``GET /api/v1/openapi.json``: this API's OpenAPI document (``openapi.py``).
+- ``GET /dashboard``: one page that polls the status and sets the limit
+  (``dashboard.py``); it holds no data of its own.
 
-Every call needs ``Authorization: Bearer <admin_token>``; without ``admin_token`` the API
-is off and answers 404, so that a gateway nobody configured exposes nothing.
+The capacity and status calls need ``Authorization: Bearer <admin_token>``; the OpenAPI
+document and the dashboard's page hold no state and need none. Without ``admin_token``
+the whole API is off and answers 404, so that a gateway nobody configured exposes nothing.
+
+Mounted under a prefix (Starlette's ``Mount("/admin", admin_app(gateway))``), its paths are
+read below the prefix, from the scope's ``root_path``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import json
 import logging
 from typing import Any
 
+from gateway.admin import dashboard, openapi
 from gateway.admin.status import status
 from gateway.asgi.responses import error_document, send_json, send_json_error
 from gateway.gateway import Gateway
@@ -32,6 +40,13 @@ log = logging.getLogger("obleth.admin")
 
 CAPACITY_PATH = "/api/v1/capacity"
 STATUS_PATH = "/api/v1/status"
+#: what the API answers without a token (while it is on): documents, no state
+PUBLIC_PATHS = {
+    openapi.OPENAPI_PATH: openapi.send_document,
+    dashboard.DASHBOARD_PATH: dashboard.send_page,
+}
+#: every path of the admin API, for the gateway's default ``exempt_paths``
+PATHS = (CAPACITY_PATH, STATUS_PATH, *PUBLIC_PATHS)
 
 #: the largest limit accepted: far beyond any inference fleet, small enough to be a typo
 MAX_LIMIT = 1_000_000
@@ -54,15 +69,24 @@ class _Admin:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return  # lifespan and websockets: nothing to do
-        path = scope["path"]
-        if self._token is None or path not in (CAPACITY_PATH, STATUS_PATH):
+        path = _route_path(scope)
+        if self._token is None or path not in PATHS:
             await send_json_error(send, 404, "no such admin endpoint", code="not_found")
+            return
+        method = scope["method"]
+        public = PUBLIC_PATHS.get(path)
+        if public is not None:
+            if method in ("GET", "HEAD"):
+                await public(send)
+            else:
+                await send_json_error(
+                    send, 405, f"{method} is not allowed here; use GET", code="bad_method"
+                )
             return
         presented = _bearer(scope)
         if presented is None or not hmac.compare_digest(presented, self._token):
             await _unauthorized(send)
             return
-        method = scope["method"]
         if path == STATUS_PATH:
             if method == "GET":
                 await send_json(send, 200, status(self.gateway))
@@ -106,6 +130,15 @@ class _Admin:
             hashlib.sha256(token).hexdigest()[:8],
         )
         await send_json(send, 200, {"max_in_flight": limit})
+
+
+def _route_path(scope: Scope) -> str:
+    """The path below the prefix the API is mounted under (``root_path``), if any."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root) :] or "/"
+    return path
 
 
 def _bearer(scope: Scope) -> bytes | None:

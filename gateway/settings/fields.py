@@ -129,9 +129,18 @@ class Settings(Declared):
         check=checks.check_int(1),
     )
     exempt_paths: tuple[str, ...] = setting(
-        ("/healthz", "/readyz", "/metrics", "/api/v1/capacity"),
+        (
+            "/healthz",
+            "/readyz",
+            "/metrics",
+            "/api/v1/capacity",
+            "/api/v1/status",
+            "/api/v1/openapi.json",
+            "/dashboard",
+        ),
         doc="Paths that are never admission-controlled, exactly or as a prefix followed by "
-        "`/`: the probes, metrics and the admin API, which operators need during overload. "
+        "`/`: the probes, metrics, the admin API and its dashboard, which operators need "
+        "during overload. "
         "A path with a `.` or `..` segment (`/healthz/../v1/completions`) never counts.",
         parse=parsers.env_list,
         check=checks.check_paths,
