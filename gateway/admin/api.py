@@ -31,6 +31,7 @@ import logging
 from typing import Any
 
 from gateway.admin import dashboard, openapi
+from gateway.admin.contract import CAPACITY_PATH, MAX_BODY_BYTES, MAX_LIMIT, STATUS_PATH
 from gateway.admin.status import status
 from gateway.asgi.responses import error_document, send_json, send_json_error
 from gateway.gateway import Gateway
@@ -38,8 +39,6 @@ from gateway.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger("obleth.admin")
 
-CAPACITY_PATH = "/api/v1/capacity"
-STATUS_PATH = "/api/v1/status"
 #: what the API answers without a token (while it is on): documents, no state
 PUBLIC_PATHS = {
     openapi.OPENAPI_PATH: openapi.send_document,
@@ -48,10 +47,6 @@ PUBLIC_PATHS = {
 #: every path of the admin API, for the gateway's default ``exempt_paths``
 PATHS = (CAPACITY_PATH, STATUS_PATH, *PUBLIC_PATHS)
 
-#: the largest limit accepted: far beyond any inference fleet, small enough to be a typo
-MAX_LIMIT = 1_000_000
-#: the largest request body read: a capacity change is a few bytes
-MAX_BODY_BYTES = 4096
 _SHAPE = '{"max_in_flight": N}'
 
 
@@ -79,9 +74,7 @@ class _Admin:
             if method in ("GET", "HEAD"):
                 await public(send)
             else:
-                await send_json_error(
-                    send, 405, f"{method} is not allowed here; use GET", code="bad_method"
-                )
+                await _not_allowed(send, method, ("GET", "HEAD"))
             return
         presented = _bearer(scope)
         if presented is None or not hmac.compare_digest(presented, self._token):
@@ -91,17 +84,13 @@ class _Admin:
             if method == "GET":
                 await send_json(send, 200, status(self.gateway))
             else:
-                await send_json_error(
-                    send, 405, f"{method} is not allowed here; use GET", code="bad_method"
-                )
+                await _not_allowed(send, method, ("GET",))
         elif method == "GET":
             await self._capacity(send)
         elif method == "PUT":
             await self._set_capacity(scope, receive, send, presented)
         else:
-            await send_json_error(
-                send, 405, f"{method} is not allowed here; use GET or PUT", code="bad_method"
-            )
+            await _not_allowed(send, method, ("GET", "PUT"))
 
     async def _capacity(self, send: Send) -> None:
         await send_json(send, 200, {"max_in_flight": self.gateway.snapshot().limit})
@@ -155,6 +144,13 @@ async def _unauthorized(send: Send) -> None:
     await send_json(send, 401, document, [(b"www-authenticate", b'Bearer realm="obleth"')])
 
 
+async def _not_allowed(send: Send, method: str, allowed: tuple[str, ...]) -> None:
+    """405, with the ``Allow`` header RFC 9110 (section 15.5.6) requires of it."""
+    message = f"{method} is not allowed here; use {' or '.join(allowed)}"
+    document = error_document(405, message, code="bad_method")
+    await send_json(send, 405, document, [(b"allow", ", ".join(allowed).encode())])
+
+
 async def _read_body(receive: Receive) -> bytes | None:
     """The request body; None when it is larger than ``MAX_BODY_BYTES``."""
     chunks: list[bytes] = []
@@ -187,9 +183,11 @@ def _limit_of(body: bytes | None) -> tuple[int | None, str | None]:
         return None, f"unknown field {unknown[0]!r}; the only field is max_in_flight"
     if "max_in_flight" not in document:
         return None, f"max_in_flight is missing; send {_SHAPE}"
-    limit = document["max_in_flight"]
+    value = document["max_in_flight"]
+    # 300.0 is the number 300 in JSON, and an integer to JSON Schema (the OpenAPI document)
+    limit = int(value) if isinstance(value, float) and value.is_integer() else value
     if isinstance(limit, bool) or not isinstance(limit, int):
-        return None, f"max_in_flight: {limit!r} is no whole number"
+        return None, f"max_in_flight: {value!r} is no whole number"
     if not 0 <= limit <= MAX_LIMIT:
-        return None, f"max_in_flight: {limit} is outside 0 to {MAX_LIMIT} (0 pauses admissions)"
+        return None, f"max_in_flight: {value!r} is outside 0 to {MAX_LIMIT} (0 pauses admissions)"
     return limit, None

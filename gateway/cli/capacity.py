@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from gateway.admin.api import CAPACITY_PATH
+from gateway.admin.contract import CAPACITY_PATH
 from gateway.settings import ENV_PREFIX
 
 #: where the admin API listens unless told otherwise (``obleth serve --admin-port``)
