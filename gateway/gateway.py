@@ -11,6 +11,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry.metrics import Histogram
+from opentelemetry.trace import Tracer
+
 from gateway.backends.memory import MemoryBackend
 from gateway.capacity import Capacity, ProviderFailed
 from gateway.core.placement import KEPT, PlacementLog
@@ -23,6 +26,9 @@ from gateway.routing.readings import Readings
 from gateway.routing.router import Router, ScorerEntry
 from gateway.scheduler import Scheduler
 from gateway.settings import Settings
+from gateway.telemetry import instruments
+from gateway.telemetry.tallies import AnswerTallies, RequestTallies
+from gateway.telemetry.tracing import active_tracer
 
 if TYPE_CHECKING:
     from gateway.routing.sharing import SharedRouting
@@ -94,6 +100,16 @@ class Gateway:
         self.backend: CounterBackend = _backend_for(self.settings, self.capacity, self.policy)
         self.capacity.subscribe(self.backend.limit_changed)
         self.scheduler = Scheduler(self.backend, self.settings)
+        #: how requests ended (the request path counts, the metrics read)
+        self.tallies = RequestTallies(self.settings.telemetry_tenants)
+        #: how upstreams answered, counted by the proxy that forwards (``obleth serve``)
+        self.answers = AnswerTallies()
+        #: the queue-wait histograms of the meter providers watching this gateway
+        self.queue_waits: list[Histogram] = []
+        #: the tracer of admission spans; None while the process does not trace (set
+        #: again at each start, as an application may set up tracing after building us)
+        self.tracer: Tracer | None = None
+        instruments.watch(self)
         #: routing state shared with the other pods through Redis; None without Redis
         self.sharing: SharedRouting | None = None
         #: chooses an upstream per request; None when no upstreams are configured
@@ -160,6 +176,7 @@ class Gateway:
         """
         if self.started:
             return
+        self.tracer = active_tracer()
         attempt = self._attempt
         if attempt is None:
             attempt = asyncio.get_running_loop().create_task(self._start_once())
@@ -262,6 +279,17 @@ class Gateway:
 
     def snapshot(self) -> Snapshot:
         return self.backend.snapshot()
+
+    def provider_limits(self) -> dict[str, int | None]:
+        """Each capacity provider's own value now; None for one that fails to answer (the
+        gateway keeps its last good value, and the log names the provider)."""
+        values: dict[str, int | None] = {}
+        for name, provider in self.providers.items():
+            try:
+                values[name] = int(provider.max_in_flight())
+            except Exception:
+                values[name] = None
+        return values
 
 
 def _backend_for(settings: Settings, capacity: Capacity, policy: OverflowPolicy) -> CounterBackend:

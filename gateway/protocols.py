@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from gateway.core.admission import OverflowAction, QueueView
-from gateway.core.tickets import Priority, Ticket
+from gateway.core.tickets import PRIORITIES, Priority, Ticket
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -172,6 +172,14 @@ class Snapshot:
     queued: int
     max_queue: int
     tenants: Mapping[str, TenantState] = field(default_factory=dict)
+
+    def queued_by_priority(self) -> dict[str, int]:
+        """Requests waiting in each priority class, every class listed (0 when none)."""
+        totals: dict[str, int] = dict.fromkeys(PRIORITIES, 0)
+        for tenant in self.tenants.values():
+            for priority, count in tenant.queued.items():
+                totals[priority] = totals.get(priority, 0) + count
+        return totals
 
 
 class CounterBackend(Protocol):

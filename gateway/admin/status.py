@@ -8,52 +8,33 @@ import math
 import time
 from typing import Any
 
-from gateway.core.tickets import PRIORITIES
 from gateway.gateway import Gateway
 from gateway.protocols import Snapshot
-
-#: how many tenants are listed by name, the most active first; the rest are summed up
-#: as ``other``, so that a flood of tenants cannot make the answer grow without bound
-TENANTS_SHOWN = 20
+from gateway.routing.decisions import REROUTED, ROUTED
 
 
-def status(gateway: Gateway, *, tenants_shown: int = TENANTS_SHOWN) -> dict[str, Any]:
-    """The gateway's state now; see docs/operations.md for each field."""
+def status(gateway: Gateway) -> dict[str, Any]:
+    """The gateway's state now; see docs/operations.md for each field.
+
+    At most ``telemetry_tenants`` tenants are listed by name, the most active first; the
+    rest are summed up as ``other``, so that a flood of tenants cannot make the answer
+    grow without bound."""
     snapshot = gateway.snapshot()
     return {
         "capacity": {
             "max_in_flight": snapshot.limit,
-            "providers": _providers(gateway),
+            "providers": gateway.provider_limits(),
         },
         "in_flight": snapshot.inflight,
         "queued": snapshot.queued,
         "max_queue": snapshot.max_queue,
-        "queued_by_class": _by_class(snapshot),
-        "tenants": _tenants(snapshot, tenants_shown),
+        "queued_by_class": snapshot.queued_by_priority(),
+        "tenants": _tenants(snapshot, gateway.settings.telemetry_tenants),
         "upstreams": _upstreams(gateway),
+        "routing": _routing(gateway),
         "cluster": _cluster(gateway),
         "started": gateway.started,
     }
-
-
-def _providers(gateway: Gateway) -> dict[str, int | None]:
-    """Each provider's own value (None when it fails to answer: the gateway keeps its last
-    good one, and the log names it)."""
-    values: dict[str, int | None] = {}
-    for name, provider in gateway.providers.items():
-        try:
-            values[name] = int(provider.max_in_flight())
-        except Exception:
-            values[name] = None
-    return values
-
-
-def _by_class(snapshot: Snapshot) -> dict[str, int]:
-    totals: dict[str, int] = dict.fromkeys(PRIORITIES, 0)
-    for tenant in snapshot.tenants.values():
-        for priority, count in tenant.queued.items():
-            totals[priority] = totals.get(priority, 0) + count
-    return totals
 
 
 def _tenants(snapshot: Snapshot, shown: int) -> dict[str, Any]:
@@ -86,7 +67,9 @@ def _tenants(snapshot: Snapshot, shown: int) -> dict[str, Any]:
 
 def _upstreams(gateway: Gateway) -> dict[str, Any]:
     readings = gateway.readings
-    ours = gateway.router.fleet.inflight.totals() if gateway.router is not None else {}
+    router = gateway.router
+    ours = router.fleet.inflight.totals() if router is not None else {}
+    routed = router.decisions.counts() if router is not None else {}
     now = time.monotonic()
     result = {}
     for upstream in readings:
@@ -95,12 +78,22 @@ def _upstreams(gateway: Gateway) -> dict[str, Any]:
         result[upstream] = {
             "healthy": reading.healthy,
             "in_flight": ours.get(upstream, 0),
+            "routed": routed.get((upstream, ROUTED), 0),
+            "rerouted": routed.get((upstream, REROUTED), 0),
             "running": reading.running,
             "waiting": reading.waiting,
             "kv_usage": reading.kv_usage,
             "reading_age_s": None if math.isinf(age) else round(age, 3),
         }
     return result
+
+
+def _routing(gateway: Gateway) -> dict[str, Any] | None:
+    """None without upstreams; else the policy and the latest choices, newest first."""
+    router = gateway.router
+    if router is None:
+        return None
+    return {"policy": router.policy, "recent": router.decisions.recent()}
 
 
 def _cluster(gateway: Gateway) -> dict[str, Any] | None:

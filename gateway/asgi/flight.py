@@ -17,19 +17,25 @@ import logging
 import time
 from collections.abc import Awaitable, Mapping
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from gateway.asgi.body import RequestBody
 from gateway.asgi.responses import send_bad_request, send_json_error, send_rejection
 from gateway.complaints import Complaints
 from gateway.core.memo import Memo
-from gateway.core.tickets import Ticket
+from gateway.core.tickets import PRIORITIES, Ticket
 from gateway.core.tickets import ticket as make_ticket
 from gateway.errors import BadRequest, Disconnected, Rejected, Unroutable
 from gateway.gateway import Gateway
 from gateway.protocols import Classification, FreeSeats, Permit, RequestInfo
 from gateway.routing.request import RequestReader
 from gateway.routing.router import Decision
+from gateway.telemetry import tallies
+from gateway.telemetry.tracing import close_span, open_span
 from gateway.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger("obleth")
 
@@ -64,6 +70,8 @@ class FlightPlan:
         "retry_unroutable_s",
         "router",
         "scheduler",
+        "tallies",
+        "wait_attributes",
     )
 
     def __init__(self, app: ASGIApp, gateway: Gateway, complaints: Complaints) -> None:
@@ -98,6 +106,12 @@ class FlightPlan:
         #: by its requests (records are read-only)
         self.records: Memo[Ticket, Record] = Memo(_RECORDS_KEPT)
         self.complaints = complaints
+        #: how requests end, counted once each (the metrics read it)
+        self.tallies = gateway.tallies
+        #: the queue-wait histogram's attributes per priority class
+        self.wait_attributes = {
+            priority: {"pool": config.pool, "priority": priority} for priority in PRIORITIES
+        }
 
 
 class Flight:
@@ -120,6 +134,7 @@ class Flight:
         "scope",
         "seats",
         "send",
+        "span",
         "ticket",
     )
 
@@ -137,11 +152,17 @@ class Flight:
         self.seats: FreeSeats | None = None
         self.permit: Permit | None = None
         self.decision: Decision | None = None
+        #: the admission span, while the process traces and the gate has not answered
+        self.span: Span | None = None
 
     async def run(self) -> None:
         plan = self.plan
-        if not plan.gateway.started and not await self._start():
+        gateway = plan.gateway
+        if not gateway.started and not await self._start():
+            self._refused(tallies.REJECTED, "gateway_not_started", unclassified=True)
             return
+        if gateway.tracer is not None:
+            self.span = open_span(gateway.tracer, self.scope)
         scope = self.scope
         payload = None
         try:
@@ -153,9 +174,11 @@ class Flight:
             else:
                 self.ticket = self._classify(payload)
         except BadRequest as exc:
+            self._refused(tallies.BAD_REQUEST, str(exc.status), unclassified=True)
             await send_bad_request(self.send, exc)
             return
         except Disconnected:
+            self._refused(tallies.ABANDONED, unclassified=True)
             return
         # a free seat is taken without a Permit: _land gives it back
         seats = plan.free_seats
@@ -169,26 +192,34 @@ class Flight:
         if observes and self.body is None:  # tells whether the client left mid-response
             self.body = RequestBody(self.receive, plan.max_body)
         started = time.monotonic() if observes else 0.0
-        outcome = "error"
+        outcome: str | None = tallies.ERROR
         try:
             if plan.reader is None:
                 self._record()
             elif not await self._route(payload):
+                outcome = None  # counted as unroutable
                 return
+            if self.span is not None:
+                self._admitted_span()
             body = self.body
             await plan.app(scope, self.receive if body is None else body.replay, self._send)
             # a response whose seats came back at its last chunk is complete, whatever the
             # app read afterwards (a server answers receive() with a disconnect once the
             # response is done, and streaming responses listen)
             cut_short = body is not None and body.disconnected and self._holds_seats
-            outcome = "cancelled" if cut_short else "completed"
+            outcome = tallies.CANCELLED if cut_short else tallies.COMPLETED
         except asyncio.CancelledError:
-            outcome = "cancelled"
+            outcome = tallies.CANCELLED
             raise
         finally:
             self._land()
+            if self.span is not None:  # the app never ran: routing raised or was cancelled
+                self._admitted_span()
+            if outcome is not None:
+                plan.tallies.count(self.ticket, outcome)
             if observes:
-                plan.plugins.finished(self._info(), time.monotonic() - started, outcome)
+                elapsed = time.monotonic() - started
+                plan.plugins.finished(self._info(), elapsed, outcome or tallies.ERROR)
 
     async def _start(self) -> bool:
         """Start a gateway that was never started (no lifespan) or was stopped: its free
@@ -224,13 +255,23 @@ class Flight:
         try:
             permit = await plan.scheduler.acquire(self.ticket, disconnected=watch)
         except Rejected as exc:
+            self._refused(tallies.REJECTED, exc.reason)
             if plan.observes:
                 plan.plugins.rejected(self._info(), exc.reason)
             await send_rejection(self.send, exc)
             return False
         except Disconnected:
+            self._refused(tallies.ABANDONED)
             return False
+        except BaseException:
+            self._refused(tallies.ABANDONED)
+            raise
         self.permit = permit
+        waits = plan.gateway.queue_waits
+        if waits:
+            attributes = plan.wait_attributes[self.ticket.priority]
+            for histogram in waits:
+                histogram.record(permit.waited_s, attributes)
         if plan.observes:
             plan.plugins.admitted(self._info(), permit.waited_s)
         return True
@@ -265,6 +306,7 @@ class Flight:
         try:
             decision = self.decision = plan.router.route(request)
         except Unroutable as exc:
+            self._refused(tallies.UNROUTABLE, exc.code)
             retry = plan.retry_unroutable_s if exc.status == 503 else None
             await send_json_error(
                 self.send, exc.status, str(exc), code=exc.code, retry_after_s=retry
@@ -320,6 +362,37 @@ class Flight:
         elif self.permit is not None:
             self.permit.release()
             self.permit = None
+
+    def _refused(self, outcome: str, reason: str = "", *, unclassified: bool = False) -> None:
+        """Count a request that the app never saw, and end its span: ``outcome`` (one of
+        ``tallies``') and ``reason`` say why. ``unclassified``: before it had a ticket (it
+        is counted as the default tenant's)."""
+        if unclassified:
+            default = self.plan.default
+            self.ticket = make_ticket(default.tenant, default.priority)
+        self.plan.tallies.count(self.ticket, outcome, reason)
+        span = self.span
+        if span is not None:
+            self.span = None
+            ticket = self.ticket
+            tenant, priority = (None, None) if unclassified else (ticket.tenant, ticket.priority)
+            reason = reason or outcome
+            close_span(span, self.scope, outcome, tenant=tenant, priority=priority, reason=reason)
+
+    def _admitted_span(self) -> None:
+        span = self.span
+        assert span is not None
+        self.span = None
+        permit = self.permit
+        close_span(
+            span,
+            self.scope,
+            "admitted",
+            tenant=self.ticket.tenant,
+            priority=self.ticket.priority,
+            waited_s=0.0 if permit is None else permit.waited_s,
+            upstream=None if self.decision is None else self.decision.upstream,
+        )
 
     @property
     def _holds_seats(self) -> bool:

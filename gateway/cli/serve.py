@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -21,8 +21,9 @@ from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
 from gateway.server import BodyTimeout, bounded_protocol
 from gateway.settings import Settings
-from gateway.telemetry.gauges import observe_gateway
-from gateway.telemetry.sdk import PrometheusExport, install_prometheus_export
+from gateway.telemetry.instruments import watch
+from gateway.telemetry.sdk import PrometheusExport, install_prometheus_export, install_tracing
+from gateway.types import ASGIApp, Message, Receive, Scope, Send
 
 #: where ``obleth serve`` listens for the admin API unless told otherwise (the seed's port)
 ADMIN_PORT = 9090
@@ -124,7 +125,7 @@ def build_app(settings: Settings, *, export: PrometheusExport | None = None) -> 
     ``/metrics``, then the body timeout, the gateway and the streaming proxy.
 
     ``/metrics`` renders ``export`` (default: a private one, which holds the gateway's
-    gauges only); the gauges are registered with the host's provider too, if it has one.
+    instruments only); they report to the host's provider too, if it has one.
     Serve it with ``server_options(settings)`` for the bounds on request heads.
     """
     if not settings.upstreams:
@@ -133,15 +134,14 @@ def build_app(settings: Settings, *, export: PrometheusExport | None = None) -> 
         )
     if export is None:
         export = PrometheusExport()
-    gateway = Gateway(settings)
-    observe_gateway(gateway, export.provider)
-    if export.host_provider is not None:
-        observe_gateway(gateway, export.host_provider)
+    gateway = Gateway(settings)  # watched by the global provider's instruments
+    watch(gateway, export.provider)
     proxy = ProxyApp(
         connect_timeout_s=settings.upstream_connect_timeout_s,
         response_timeout_s=settings.upstream_response_timeout_s,
         read_timeout_s=settings.upstream_read_timeout_s,
         trusted_proxies=settings.trusted_proxies,
+        answered=gateway.answers.count,
     )
     gated = GatewayMiddleware(proxy, gateway=gateway)
     timed = BodyTimeout(gated, timeout_s=settings.client_body_timeout_s)
@@ -167,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = _overrides(args)
     with _naming_flags(overrides):
         settings = Settings.from_env(**overrides)
+        tracing = install_tracing()
         app = build_app(settings, export=install_prometheus_export())
     upstreams = ", ".join(str(u) for u in settings.upstreams)
     admin = settings.admin_token is not None
@@ -184,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     servers = [
         uvicorn.Server(
             uvicorn.Config(
-                app,
+                app if tracing is None else _AfterShutdown(app, tracing.shutdown),
                 port=args.port,
                 access_log=args.access_log,
                 lifespan="on",
@@ -209,6 +210,29 @@ def run(args: argparse.Namespace) -> int:
         )
     asyncio.run(_serve_all(servers))
     return 0
+
+
+class _AfterShutdown:
+    """``app``, with ``then()`` called once its lifespan shutdown is complete: the last
+    moment a signalled uvicorn gives us (it raises the signal again once it has stopped
+    serving, and the process ends there). ``obleth serve`` sends the spans still
+    batched then."""
+
+    def __init__(self, app: ASGIApp, then: Callable[[], object]) -> None:
+        self.app = app
+        self.then = then
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            await send(message)
+            if message["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                self.then()
+
+        await self.app(scope, receive, sending)
 
 
 async def _serve_all(servers: list[uvicorn.Server]) -> None:

@@ -12,7 +12,7 @@ from gateway.asgi.responses import send_json_error
 from gateway.core.networks import ProxyListError, parse_networks
 from gateway.errors import ConfigError
 from gateway.proxy.client import upstream_client
-from gateway.proxy.exchange import RETRY_BODY_BYTES, forward
+from gateway.proxy.exchange import RETRY_BODY_BYTES, Answered, forward
 from gateway.proxy.forwarding import TrustedProxies
 from gateway.proxy.upstream import (
     UpstreamChoice,
@@ -66,6 +66,9 @@ class ProxyApp:
     - ``trusted_proxies``: IP addresses or CIDR networks of the peers (load balancers,
       other proxies) whose ``X-Forwarded-*`` and ``Forwarded`` headers are believed; see
       ``gateway.proxy.forwarding`` for the headers every forwarded request carries.
+    - ``answered(upstream, status)``: called once per attempt with the upstream (as chosen)
+      and its answer's status, ``"error"`` when it failed before answering; the gateway's
+      ``answers`` tallies, for ``obleth_upstream_requests_total``. On the request path.
 
     All requests share one HTTP client (see ``gateway.proxy.client``): lifespan startup
     opens it, lifespan shutdown closes it. Without a lifespan it opens on the first request
@@ -85,6 +88,7 @@ class ProxyApp:
         retry_body_bytes: int = RETRY_BODY_BYTES,
         max_connections: int = 1024,
         trusted_proxies: Iterable[str] = (),
+        answered: Answered | None = None,
     ) -> None:
         if upstream is not None:
             parse_upstream(upstream)
@@ -98,6 +102,7 @@ class ProxyApp:
         self._retry_body_bytes = _count("retry_body_bytes", retry_body_bytes, minimum=0)
         self._max_connections = _count("max_connections", max_connections, minimum=1)
         self._trusted = _trusted("trusted_proxies", trusted_proxies)
+        self._answered = answered
         self._client: httpx.AsyncClient | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -172,6 +177,8 @@ class ProxyApp:
             response_timeout_s=self._response_timeout_s,
             read_timeout_s=self._read_timeout_s,
             trusted_proxies=self._trusted,
+            upstream=chosen,
+            answered=self._answered,
         )
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

@@ -71,6 +71,10 @@ connection before the proxy closes it regardless (see ``_hang_up``)."""
 
 _NOBODY = TrustedProxies()
 
+Answered = Callable[[str, str], None]
+"""``answered(upstream, status)``: what an attempt got, ``status`` an HTTP status or
+``"error"``."""
+
 # Failures before the response headers after which another upstream has a better chance.
 _WORTH_RETRYING = (httpx.ConnectTimeout, httpx.NetworkError, httpx.RemoteProtocolError)
 
@@ -87,13 +91,17 @@ async def forward(
     response_timeout_s: float | None = None,
     read_timeout_s: float | None = None,
     trusted_proxies: TrustedProxies | None = None,
+    upstream: str | None = None,
+    answered: Answered | None = None,
 ) -> None:
     """Send the HTTP request of ``scope`` to ``url`` with ``client``; relay the answer.
 
     ``route``, the router's handle on this request, allows the one retry described in the
     module docstring for a body of at most ``retry_body_bytes``. The timeouts are seconds,
     None for no limit. ``trusted_proxies`` are the peers whose forwarding headers are
-    believed (see ``gateway.proxy.forwarding``); None trusts nobody.
+    believed (see ``gateway.proxy.forwarding``); None trusts nobody. ``answered`` is told
+    the status each attempt got (see ``ProxyApp``), ``upstream`` being the first attempt's
+    upstream as chosen (a retry's is the route's).
     """
     inbound = Inbound(receive)
     try:
@@ -104,9 +112,10 @@ async def forward(
     if isinstance(content, Inbound) or len(content or b"") > retry_body_bytes:
         route = None
     trusted = trusted_proxies if trusted_proxies is not None else _NOBODY
-    upstream = _Upstream(client, scope, content, response_timeout_s, trusted)
+    request = _Upstream(client, scope, content, response_timeout_s, trusted)
     client_send = ClientSend(send)
-    relay = asyncio.ensure_future(_relay(upstream, url, route, client_send, read_timeout_s))
+    tell = None if answered is None or upstream is None else _Telling(answered, upstream, route)
+    relay = asyncio.ensure_future(_relay(request, url, route, client_send, read_timeout_s, tell))
     watch = asyncio.ensure_future(inbound.disconnected())
     try:
         await asyncio.wait((relay, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -114,7 +123,7 @@ async def forward(
             # the client left mid-response: the seat this request holds is given back once
             # the upstream has dropped the request too, not while it still runs it
             client_send.gone = True
-            await upstream.hang_up(relay)
+            await request.hang_up(relay)
     finally:
         # After a disconnect this cancels the relay wherever it is, and the HTTP client
         # closes the upstream connection it was using; after a normal end it does nothing.
@@ -229,8 +238,11 @@ async def _relay(
     route: Reroutable | None,
     send: ClientSend,
     read_timeout_s: float | None,
+    tell: _Telling | None,
 ) -> None:
     outcome = await upstream.send_to(url)
+    if tell is not None:
+        tell.first(outcome)
     try:
         if route is not None and _worth_retrying(outcome):
             # a 5xx is kept open until the route has answered: with nowhere else to go,
@@ -240,12 +252,37 @@ async def _relay(
                 await _discard(outcome)
                 url = retry_url
                 outcome = await upstream.send_to(url)
+                if tell is not None:
+                    tell.again(outcome)
         if isinstance(outcome, httpx.Response):
             await _stream_back(outcome, send, read_timeout_s)
         else:
             await _answer_failure(send, url, outcome)
     finally:
         await _discard(outcome)
+
+
+class _Telling:
+    """Tells ``answered`` what each attempt of one request got."""
+
+    __slots__ = ("_answered", "_route", "_upstream")
+
+    def __init__(self, answered: Answered, upstream: str, route: Reroutable | None) -> None:
+        self._answered = answered
+        self._upstream = upstream
+        self._route = route
+
+    def first(self, outcome: httpx.Response | httpx.TransportError) -> None:
+        self._answered(self._upstream, _status_of(outcome))
+
+    def again(self, outcome: httpx.Response | httpx.TransportError) -> None:
+        """A retry's, on the upstream the route moved to."""
+        assert self._route is not None
+        self._answered(self._route.upstream, _status_of(outcome))
+
+
+def _status_of(outcome: httpx.Response | httpx.TransportError) -> str:
+    return str(outcome.status_code) if isinstance(outcome, httpx.Response) else "error"
 
 
 def _worth_retrying(outcome: httpx.Response | httpx.TransportError) -> bool:

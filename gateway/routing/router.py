@@ -32,6 +32,7 @@ from gateway.core.memo import Memo
 from gateway.core.scoring import best, clamp, normalized, ranked, weighted_totals
 from gateway.errors import Unroutable
 from gateway.protocols import RoutingScorer
+from gateway.routing.decisions import REROUTED, ROUTED, DecisionLog
 from gateway.routing.fleet import Fleet
 from gateway.routing.request import RouteRequest
 from gateway.routing.upstreams import Upstream
@@ -170,6 +171,8 @@ class Router:
         self._turns: Memo[tuple[str, ...], int] = Memo(_TURNS_KEPT)
         self._serving: dict[str | None, list[str]] = {}
         self._urls = list(self.upstreams)
+        #: counts per upstream and the latest choices, for operators
+        self.decisions = DecisionLog(self._urls)
 
     # -- the decision -------------------------------------------------------------------
 
@@ -186,6 +189,7 @@ class Router:
             upstream, scores, rank = self._weighted(request, healthy)
             decision = Decision(self, request, upstream, scores, rank)
         self.fleet.inflight.add(decision.upstream)
+        self.decisions.chose(decision.upstream, ROUTED, decision.scores)
         self._dispatched(request, decision.upstream)
         return decision
 
@@ -295,6 +299,7 @@ class Router:
         inflight = self.fleet.inflight
         inflight.remove(previous)
         inflight.add(upstream)
+        self.decisions.chose(upstream, REROUTED, {})
         self._dispatched(request, upstream)
 
     def _finished(self, upstream: str) -> None:

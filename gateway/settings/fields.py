@@ -388,6 +388,14 @@ class Settings(Declared):
         check=checks.check_token,
         secret=True,
     )
+    telemetry_tenants: int = setting(
+        20,
+        doc="How many tenants the metrics (`obleth_requests_total`'s `tenant` label) and "
+        "`/api/v1/status` name; the rest are counted as `other`, so that a flood of tenant "
+        "names cannot grow them without bound. See [operations.md](operations.md#metrics).",
+        parse=parsers.env_int,
+        check=checks.check_int(1),
+    )
 
     def tenant_caps(self) -> tuple[dict[str, int], int | None]:
         """``tenant_max_in_flight`` split into the named tenants' caps and everyone else's."""

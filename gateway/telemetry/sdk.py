@@ -17,12 +17,19 @@ page holds what the meter provider collects and nothing another library register
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
+from importlib.metadata import entry_points
 
-from opentelemetry import metrics
+from opentelemetry import metrics, trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
+
+from gateway.errors import ConfigError
 
 log = logging.getLogger("obleth.telemetry")
 
@@ -75,6 +82,91 @@ def install_prometheus_export() -> PrometheusExport:
     if installed is not export.provider:  # another kind of provider was set; OTel said so
         export.host_provider = installed
     return export
+
+
+#: where span exporters are found by name: the OpenTelemetry SDK's own group, in which the
+#: SDK offers ``console`` and the OTLP packages ``otlp_proto_http`` and ``otlp_proto_grpc``
+EXPORTER_GROUP = "opentelemetry_traces_exporter"
+
+#: ``otlp`` as OTEL_EXPORTER_OTLP_PROTOCOL chooses it (the specification's default is HTTP)
+_OTLP_BY_PROTOCOL = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}
+
+
+def install_tracing(environ: Mapping[str, str] = os.environ) -> TracerProvider | None:
+    """The tracer provider ``obleth serve`` sets up from the standard ``OTEL_*`` variables,
+    made the process's global one; None when nothing is to be traced.
+
+    - ``OTEL_SDK_DISABLED=true``: nothing.
+    - ``OTEL_TRACES_EXPORTER``: exporter names, comma-separated (``otlp``, ``console``,
+      ``none``, or any name a package registers in ``opentelemetry_traces_exporter``).
+      Unset, spans go to ``otlp`` when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its
+      ``_TRACES_`` form) is set, and nowhere otherwise: a gateway nobody told to trace
+      does not try to reach a collector.
+    - Everything else is the SDK's and the exporters' own reading: ``OTEL_SERVICE_NAME``
+      and ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER`` (and ``_ARG``),
+      ``OTEL_BSP_*``, ``OTEL_EXPORTER_OTLP_*``.
+
+    A host that set up tracing first (``opentelemetry-instrument obleth serve``) keeps its
+    provider. An exporter that is not installed stops startup with a ``ConfigError`` that
+    names the variable and the package to install.
+    """
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        log.info("an OpenTelemetry TracerProvider is already set up; admission spans go there")
+        return None
+    names = _exporter_names(environ)
+    if not names:
+        return None
+    exporters = [_exporter(name, environ) for name in names]
+    provider = TracerProvider(resource=_resource())
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def _exporter_names(environ: Mapping[str, str]) -> list[str]:
+    given = environ.get("OTEL_TRACES_EXPORTER")
+    if given is None:
+        endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+        return ["otlp"] if endpoint else []
+    names = [name.strip().lower() for name in given.split(",") if name.strip()]
+    return [name for name in names if name != "none"]
+
+
+def _exporter(name: str, environ: Mapping[str, str]) -> SpanExporter:
+    wanted = name
+    if name == "otlp":
+        protocol = (
+            environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf"
+        )
+        wanted = _OTLP_BY_PROTOCOL.get(protocol.strip(), "")
+        if not wanted:
+            raise ConfigError(
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+                protocol,
+                f"one of {', '.join(_OTLP_BY_PROTOCOL)}",
+            )
+    found = {entry.name: entry for entry in entry_points(group=EXPORTER_GROUP)}
+    entry = found.get(wanted)
+    if entry is None:
+        package = {
+            "otlp_proto_http": "obleth[otlp] (opentelemetry-exporter-otlp-proto-http)",
+            "otlp_proto_grpc": "opentelemetry-exporter-otlp-proto-grpc",
+        }.get(wanted, f"the package that offers the {name!r} span exporter")
+        raise ConfigError(
+            "OTEL_TRACES_EXPORTER",
+            name,
+            f"an installed span exporter ({', '.join(sorted(found)) or 'none'}, or otlp); "
+            f"pip install {package}",
+        )
+    exporter: SpanExporter = entry.load()()
+    return exporter
 
 
 def _resource() -> Resource:

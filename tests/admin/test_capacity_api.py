@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway import Gateway, Settings
@@ -181,3 +182,49 @@ async def test_in_cluster_mode_one_put_changes_every_pod_and_survives_a_restart(
             assert read.json() == {"max_in_flight": 30}
     finally:
         await pods.close()
+
+
+async def test_mounted_under_a_prefix_of_the_application_its_paths_are_read_below_it() -> None:
+    """``Mount("/admin", admin_app(gateway))`` in a Starlette app, next to the app's own
+    routes: the API answers at /admin/api/v1/..., and the gateway's middleware, with the
+    prefix exempt, never queues it, even with admissions paused."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route
+
+    from gateway import GatewayMiddleware
+    from gateway.admin import admin_app
+    from gateway.loopback import serve_in_task
+
+    async def hello(request: object) -> PlainTextResponse:
+        return PlainTextResponse("hello")
+
+    gateway = Gateway(
+        Settings(
+            global_max_in_flight=3,
+            admin_token=TOKEN,
+            exempt_paths=("/admin",),
+            queue_timeout_s=0.1,
+        ),
+        entry_points=False,
+    )
+    app = Starlette(routes=[Route("/", hello), Mount("/admin", app=admin_app(gateway))])
+    gated = GatewayMiddleware(app, gateway=gateway)
+    async with (
+        serve_in_task(gated) as server,
+        httpx.AsyncClient(base_url=server.url, trust_env=False) as client,
+    ):
+        paused = await client.put(
+            "/admin/api/v1/capacity", headers=BEARER, json={"max_in_flight": 0}
+        )
+        assert paused.json() == {"max_in_flight": 0}
+        assert (await client.get("/")).status_code == 503  # the app's own route: paused
+        answer = await client.get("/admin/api/v1/capacity", headers=BEARER)
+        assert answer.json() == {"max_in_flight": 0}
+        status_answer = await client.get("/admin/api/v1/status", headers=BEARER)
+        assert status_answer.json()["capacity"]["max_in_flight"] == 0
+        assert (await client.get("/admin/dashboard")).status_code == 200
+        await client.put("/admin/api/v1/capacity", headers=BEARER, json={"max_in_flight": 3})
+        assert (await client.get("/")).text == "hello"
+        # outside its mount the API is not there: the app's own 404
+        assert (await client.get("/api/v1/capacity", headers=BEARER)).status_code == 404

@@ -17,10 +17,11 @@ pytestmark = pytest.mark.anyio
 
 async def test_status_reports_seats_waiters_tenants_and_upstreams() -> None:
     """Three tenants hold the two seats or wait; the status says so per class and per
-    tenant, lists the two most active by name when told to and sums up the rest."""
+    tenant, lists the two most active by name (``telemetry_tenants``) and sums up the rest."""
     settings = Settings(
         global_max_in_flight=2,
         admin_token=TOKEN,
+        telemetry_tenants=2,
         tenant_weights={"gold": 4},
         upstreams=("http://127.0.0.1:9",),
     )
@@ -34,7 +35,7 @@ async def test_status_reports_seats_waiters_tenants_and_upstreams() -> None:
         ]
         for _ in range(20):
             await asyncio.sleep(0)
-        found = status(gateway, tenants_shown=2)
+        found = status(gateway)
         assert found["capacity"] == {"max_in_flight": 2, "providers": {"static": 2}}
         assert (found["in_flight"], found["queued"]) == (2, 3)
         assert found["queued_by_class"] == {"critical": 1, "standard": 2, "background": 0}
@@ -49,6 +50,8 @@ async def test_status_reports_seats_waiters_tenants_and_upstreams() -> None:
         assert tenants["other"] == {"tenants": 1, "in_flight": 0, "waiting": 1}
         upstream = found["upstreams"]["http://127.0.0.1:9"]
         assert upstream["in_flight"] == 0 and upstream["healthy"] is False
+        assert (upstream["routed"], upstream["rerouted"]) == (0, 0)
+        assert found["routing"] == {"policy": "weighted", "recent": []}
         assert found["cluster"] is None and found["started"] is True
         async with admin(gateway) as client:
             answer = await client.get("/api/v1/status", headers=BEARER)

@@ -7,62 +7,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from gateway.admin import Probes
-from gateway.cli.serve import build_app, server_options
-from gateway.loopback import serve_in_task
-from gateway.scheduler import Scheduler
-from gateway.settings import Settings
 from tests.proxy.rawhttp import Answer, request_head, send_and_read_async
-from tests.proxy.upstreams import Echo, eventually, within
+from tests.proxy.serving import Served
+from tests.proxy.serving import serving as served_app
+from tests.proxy.upstreams import eventually, within
 
 pytestmark = pytest.mark.anyio
 
 BODY_TIMEOUT_S = 0.3
 
 
-@dataclass
-class Served:
-    url: str
-    app: Probes
-    echo: Echo
-
-    @property
-    def scheduler(self) -> Scheduler:
-        return self.app.gateway.scheduler
-
-
 @contextlib.asynccontextmanager
 async def serving(**settings: object) -> AsyncIterator[Served]:
-    """``obleth serve``'s app in front of an echoing upstream, returned once it routes."""
-    echo = Echo()
-    async with serve_in_task(echo, lifespan="off") as upstream:
-        config = Settings(
-            upstreams=[upstream.url],
-            client_body_timeout_s=BODY_TIMEOUT_S,
-            upstream_poll_interval_s=0.05,
-            **settings,
-        )
-        app = build_app(config)
-        async with (
-            serve_in_task(app, **server_options(config)) as server,
-            httpx.AsyncClient(trust_env=False) as http,
-        ):
-
-            async def ready() -> bool:
-                return (await http.get(f"{server.url}/readyz")).status_code == 200
-
-            for _ in range(250):
-                if await ready():
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                pytest.fail("the gateway never saw its upstream healthy")
-            yield Served(server.url, app, echo)
+    async with served_app(client_body_timeout_s=BODY_TIMEOUT_S, **settings) as served:
+        yield served
 
 
 def upload_head(length: int, content_type: str = "application/octet-stream") -> bytes:

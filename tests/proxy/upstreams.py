@@ -123,6 +123,16 @@ class Received:
     body: bytes
 
 
+async def read_body(receive: Receive) -> bytes:
+    """A request's whole body, as an upstream reads it."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            return body
+
+
 class Answering:
     """An upstream that reads each request whole and answers ``status`` with the JSON body
     ``{"upstream": name, "status": status}``; ``received`` keeps the requests."""
@@ -135,12 +145,7 @@ class Answering:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive)
         self.received.append(
             Received(
                 scope["method"], scope["raw_path"], scope["query_string"], scope["headers"], body
