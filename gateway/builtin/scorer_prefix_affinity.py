@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gateway.core.popularity import RecentShare
 from gateway.core.prefixindex import PrefixIndex
 from gateway.hookimpl import hookimpl
 from gateway.protocols import Factory
 from gateway.routing.request import RouteRequest
 from gateway.settings import Settings
+
+RECENT_PER_UPSTREAM = 32
+"""The window of recent requests that prefix popularity is counted over, per upstream: a
+prefix needs more than this many of the window's requests per upstream it holds before it
+is given one more (few enough that a shared system prompt spreads within seconds, enough
+that sixteen prompts chosen at random never look popular by chance)."""
 
 
 class PrefixAffinity:
@@ -17,14 +24,24 @@ class PrefixAffinity:
 
     The memory of what went where is an LRU of ``prefix_index_blocks`` block hashes per
     upstream, updated when a request is dispatched (``dispatched``). A prompt whose first
-    block no candidate holds is new: it scores 1 on the upstream ``Fleet.place`` chooses
-    (rendezvous hashing of its first block, bounded by load; where another pod placed it,
-    in cluster mode), so pods send a new prefix to the same upstream. Weigh it against a
+    block no candidate holds is new: it misses every cache alike, and it scores 1 on the
+    upstream ``Fleet.place`` chooses by load (bounded in content placed, near the fewest
+    in flight, the longest since a request was sent there, ties by the rendezvous order
+    of its first block; where another pod placed it, in cluster mode). Weigh it against a
     load scorer (``queue-depth``): alone it would pile a popular prefix onto one upstream.
+
+    A prefix popular enough to fill more than one upstream's fair share of the recent
+    requests (a system prompt every request shares) gets more holders: while fewer
+    candidates hold it than ``RecentShare.upstreams_needed`` says and each holder has more
+    requests in flight than some other candidate, one more, chosen by ``Fleet.place``
+    among the others, scores as high as the best holder. Load then decides
+    between them, and the prefix spreads at one cold prefill per new holder, rather than
+    staying on one upstream until the load guard sees a queue there.
     """
 
     def __init__(self, settings: Settings) -> None:
         self.index = PrefixIndex(settings.prefix_index_blocks)
+        self.recent = RecentShare(RECENT_PER_UPSTREAM * max(1, len(settings.upstreams)))
 
     def score(self, request: RouteRequest, upstreams: list[str]) -> Mapping[str, float]:
         blocks = request.blocks
@@ -41,14 +58,27 @@ class PrefixAffinity:
             self.index.drop(blocks[0])
             return {home: 1.0}
         scores = {u: matched[u] / total for u in upstreams if u in matched}
-        if scores:
-            return scores
-        placed = fleet.place(blocks[0], upstreams)
-        return {} if placed is None else {placed: 1.0}
+        if not scores:
+            placed = fleet.place(blocks[0], upstreams)
+            return {} if placed is None else {placed: 1.0}
+        if len(scores) < min(
+            len(upstreams), self.recent.upstreams_needed(blocks[0], len(upstreams))
+        ):
+            others = [u for u in upstreams if u not in scores]
+            count = fleet.in_flight
+            # only while every holder is busier than some other upstream: otherwise the
+            # holders keep up, and placing a spare (a sort over the candidates) for every
+            # request would cost more than it could bring
+            if min(count(u) for u in scores) > min(count(u) for u in others):
+                spare = fleet.place(blocks[0], others)
+                if spare is not None:
+                    scores[spare] = max(scores.values())
+        return scores
 
     def dispatched(self, request: RouteRequest, upstream: str) -> None:
         blocks = request.blocks
         if blocks:
+            self.recent.seen(blocks[0])
             self.index.record(upstream, blocks)
             request.fleet.placed(blocks[0], upstream, len(blocks))
 

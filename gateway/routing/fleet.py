@@ -17,7 +17,9 @@ class Fleet:
     """
 
     __slots__ = (
+        "_last_sent",
         "_salts",
+        "_sends",
         "in_flight",
         "inflight",
         "placement_bound",
@@ -40,6 +42,8 @@ class Fleet:
         """Where new prefixes went (every pod's, in cluster mode)."""
         self.placement_bound = placement_bound
         self._salts = {url: rendezvous.stable_hash(url) for url in readings}
+        self._sends = 0
+        self._last_sent: dict[str, int] = {}
         # bound lookups rather than methods: scorers call them for every upstream
         self.reading: Callable[[str], Reading] = readings.get
         """``reading(upstream)``: the latest scrape of the upstream."""
@@ -56,10 +60,11 @@ class Fleet:
         """The candidate for a prefix that no candidate holds, ``key`` its first block.
 
         Where it was placed before, by this pod or (in cluster mode) any other, when that
-        upstream is a candidate; otherwise the first candidate in the rendezvous order of
-        ``key`` that is not ahead of the others by more than ``routing_placement_bound``
-        in prompt content placed on it and in requests in flight (see
-        ``gateway.core.placement``). With the bound at 0, plain rendezvous hashing.
+        upstream is a candidate; otherwise, of the candidates not ahead of the others by
+        more than ``routing_placement_bound`` in prompt content placed on them and within
+        one request of the fewest in flight, the one this pod sent a request to longest
+        ago, ties in the rendezvous order of ``key`` (see ``gateway.core.placement``).
+        With the bound at 0, plain rendezvous hashing.
         """
         known = self.placements.get(key)
         if known is not None and known in candidates:
@@ -71,9 +76,16 @@ class Fleet:
             bound=self.placement_bound,
             blocks=self.placements.blocks,
             in_flight=self.in_flight,
+            last_sent=self._last_sent_to,
         )
+
+    def _last_sent_to(self, upstream: str) -> int:
+        return self._last_sent.get(upstream, 0)
 
     def placed(self, key: int, upstream: str, blocks: int) -> None:
         """A request whose prompt starts with block ``key`` (``blocks`` long) was sent to
-        ``upstream``; the first such call for a key is its placement."""
+        ``upstream``; the first such call for a key is its placement. It is also the
+        latest request sent there, which placements use to space requests out."""
         self.placements.record(key, upstream, blocks)
+        self._sends += 1
+        self._last_sent[upstream] = self._sends

@@ -3,13 +3,14 @@ keeps pods in agreement (``gateway.core.placement``)."""
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.placement import PlacementLog, place
+from gateway.core.placement import KEPT, PlacementLog, place
 from gateway.core.rendezvous import pick, stable_hash, weight
 
 NAMES = ["http://a:8000", "http://b:8000", "http://c:8000", "http://d:8000"]
@@ -26,7 +27,9 @@ def _placed_one_by_one(keys: list[int], bound: float, size: int = 31) -> Counter
     would; the number of prefixes that ended on each upstream."""
     log = PlacementLog(10_000)
     for key in keys:
-        upstream = place(key, CANDIDATES, bound=bound, blocks=log.blocks, in_flight=_idle)
+        upstream = place(
+            key, CANDIDATES, bound=bound, blocks=log.blocks, in_flight=_idle, last_sent=_idle
+        )
         assert upstream is not None
         log.record(key, upstream, size)
     return Counter(log.get(key) for key in keys)
@@ -36,15 +39,17 @@ def test_with_bound_zero_placement_is_plain_rendezvous() -> None:
     log = PlacementLog(100)
     log.record(KEYS[0], NAMES[0], 10_000)  # a heavily loaded upstream changes nothing
     for key in KEYS[:50]:
-        chosen = place(key, CANDIDATES, bound=0, blocks=log.blocks, in_flight=lambda u: 99)
+        chosen = place(
+            key, CANDIDATES, bound=0, blocks=log.blocks, in_flight=lambda u: 99, last_sent=_idle
+        )
         assert chosen == pick(key, CANDIDATES)
 
 
 def test_an_idle_fleet_places_every_prefix_on_its_rendezvous_choice() -> None:
     for key in KEYS[:50]:
-        assert place(key, CANDIDATES, bound=1.25, blocks=_idle, in_flight=_idle) == pick(
-            key, CANDIDATES
-        )
+        assert place(
+            key, CANDIDATES, bound=1.25, blocks=_idle, in_flight=_idle, last_sent=_idle
+        ) == pick(key, CANDIDATES)
 
 
 @pytest.mark.parametrize("start", range(0, 400, 16))
@@ -61,31 +66,146 @@ def test_plain_hashing_does_crowd_some_upstream_in_the_same_key_sets() -> None:
     assert worst >= 7
 
 
-def test_an_upstream_with_too_many_requests_in_flight_is_passed_over() -> None:
+def _order(key: int) -> list[str]:
+    """The upstreams in the rendezvous order of ``key``."""
+    return sorted(NAMES, key=lambda u: -weight(key, stable_hash(u)))
+
+
+def test_an_upstream_two_requests_above_the_fewest_in_flight_is_passed_over() -> None:
     key = KEYS[0]
     first = pick(key, CANDIDATES)
-    busy = {first: 6}  # the others idle: the cap is ceil(1.25 * 7 / 4) = 3
-    chosen = place(key, CANDIDATES, bound=1.25, blocks=_idle, in_flight=lambda u: busy.get(u, 0))
+    busy = {first: 2}
+    chosen = place(
+        key,
+        CANDIDATES,
+        bound=1.25,
+        blocks=_idle,
+        in_flight=lambda u: busy.get(u, 0),
+        last_sent=_idle,
+    )
     assert chosen != first
     rest = [c for c in CANDIDATES if c[0] != first]
     assert chosen == pick(key, rest), "the next upstream in the key's own rendezvous order"
 
 
-def test_content_placed_wins_over_requests_in_flight_when_no_upstream_passes_both() -> None:
-    """Every upstream but one is over the in-flight cap, and that one holds far more
-    content than the others: the placement goes where the content fits."""
-    key = KEYS[1]
-    order = sorted(NAMES, key=lambda u: -weight(key, stable_hash(u)))
-    held = {order[0]: 500}
-    counts = {u: 0 if u == order[0] else 5 for u in NAMES}
-    chosen = place(
-        key, CANDIDATES, bound=1.25, blocks=lambda u: held.get(u, 0), in_flight=counts.__getitem__
+@pytest.mark.parametrize("key", KEYS[:40])
+def test_a_new_prefix_goes_where_a_request_was_sent_longest_ago_among_the_least_loaded(
+    key: int,
+) -> None:
+    """A new prefix misses the cache wherever it goes: load decides, not the hash. Of the
+    upstreams within one request of the fewest in flight (here the 2nd and 3rd of the
+    key's order, with 1 and 2), the one sent a request longest ago; upstreams further
+    above are passed over even when they were sent nothing yet."""
+    order = _order(key)
+    assert _placed_by_load(key, order, in_flight=[3, 1, 2, 4], sent=[0, 9, 5, 0]) == order[2]
+
+
+@pytest.mark.parametrize("key", KEYS[:40])
+def test_equally_placed_upstreams_are_taken_in_the_keys_rendezvous_order(key: int) -> None:
+    """Ties go by the prefix's own rendezvous order, so idle pods agree and ties do not
+    pile onto one upstream by position."""
+    order = _order(key)
+    assert _placed_by_load(key, order, in_flight=[2, 1, 1, 1], sent=[7, 3, 3, 3]) == order[1]
+
+
+def _placed_by_load(
+    key: int, order: list[str], *, in_flight: list[int], sent: list[int]
+) -> str | None:
+    """Where ``key`` goes with nothing placed yet and these in-flight counts and send
+    times, given in the key's rendezvous ``order``."""
+    counts = dict(zip(order, in_flight, strict=True))
+    last = dict(zip(order, sent, strict=True))
+    return place(
+        key,
+        CANDIDATES,
+        bound=1.25,
+        blocks=_idle,
+        in_flight=counts.__getitem__,
+        last_sent=last.__getitem__,
     )
-    assert chosen == order[1]
+
+
+def test_back_to_back_new_prefixes_are_spread_as_round_robin_spreads_them() -> None:
+    """A burst of new prefixes with nothing finishing: every four consecutive placements
+    cover the four upstreams, so no prefill queues behind another sent a moment before."""
+    log = PlacementLog(KEPT)
+    counts = dict.fromkeys(NAMES, 0)
+    sent: dict[str, int] = {}
+    chosen = []
+    for i in range(400):
+        key = stable_hash(f"burst prompt {i}")
+        upstream = place(
+            key,
+            CANDIDATES,
+            bound=1.25,
+            blocks=log.blocks,
+            in_flight=counts.__getitem__,
+            last_sent=lambda u: sent.get(u, 0),
+        )
+        assert upstream is not None
+        log.record(key, upstream, 32)
+        counts[upstream] += 1
+        sent[upstream] = i + 1
+        chosen.append(upstream)
+    for i in range(len(chosen) - 3):
+        assert set(chosen[i : i + 4]) == set(NAMES), i
+
+
+def test_prefix_free_traffic_stays_within_one_request_of_the_least_loaded() -> None:
+    """Every prompt new (uniform traffic), requests finishing in any order: each placement
+    takes an upstream within one request of the fewest in flight, and content placed
+    stays within the bound."""
+    rng = random.Random(5)
+    log = PlacementLog(KEPT)
+    counts = dict.fromkeys(NAMES, 0)
+    sent: dict[str, int] = {}
+    elsewhere: list[int] = []
+    for i in range(2000):
+        key = stable_hash(f"uniform prompt {i}")
+        chosen = place(
+            key,
+            CANDIDATES,
+            bound=1.25,
+            blocks=log.blocks,
+            in_flight=counts.__getitem__,
+            last_sent=lambda u: sent.get(u, 0),
+        )
+        assert chosen is not None
+        if counts[chosen] > min(counts.values()) + 1:
+            elsewhere.append(i)
+        log.record(key, chosen, 32)
+        counts[chosen] += 1
+        sent[chosen] = i + 1
+        while sum(counts.values()) > 8 or (rng.random() < 0.5 and sum(counts.values())):
+            done = rng.choice([u for u in NAMES if counts[u]])  # any request may finish first
+            counts[done] -= 1
+    spread = max(log.blocks(u) for u in NAMES) / (sum(log.blocks(u) for u in NAMES) / 4)
+    assert spread <= 1.25
+    # the content bound may override load only while few prompts are placed (one prompt
+    # is then a large share of all content)
+    assert all(i < 200 for i in elsewhere), elsewhere
+
+
+def test_content_placed_bounds_where_the_least_loaded_upstream_may_be() -> None:
+    """The least loaded upstream holds far more content than the others: the placement
+    goes where the content fits, to the least loaded of the rest."""
+    key = KEYS[1]
+    order = _order(key)
+    held = {order[0]: 500}
+    counts = dict(zip(order, [0, 7, 5, 5], strict=True))
+    chosen = place(
+        key,
+        CANDIDATES,
+        bound=1.25,
+        blocks=lambda u: held.get(u, 0),
+        in_flight=counts.__getitem__,
+        last_sent=_idle,
+    )
+    assert chosen == order[2]
 
 
 def test_no_candidates_place_nowhere() -> None:
-    assert place(KEYS[0], [], bound=1.25, blocks=_idle, in_flight=_idle) is None
+    assert place(KEYS[0], [], bound=1.25, blocks=_idle, in_flight=_idle, last_sent=_idle) is None
 
 
 # -- the placement record ----------------------------------------------------------------------
