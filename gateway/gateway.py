@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("obleth")
 
 STALE_AFTER_INTERVALS = 3
-"""A reading older than this many polling intervals counts as saturated."""
+"""A reading older than this many polling intervals counts as saturated (intervals at the
+poller's current pace: longer while the gateway is idle)."""
 
 
 class Gateway:
@@ -200,13 +201,16 @@ class Gateway:
         request may take one before the rest has started (or while it fails to)."""
         running = self._running
         if self.router is not None:
-            # httpx loads only when there are upstreams to poll
+            # the poller's HTTP client (httptools) loads only when there are upstreams
             from gateway.routing.poller import Poller
 
+            interval = self.settings.upstream_poll_interval_s
             poller = Poller(
                 self.readings,
-                interval_s=self.settings.upstream_poll_interval_s,
+                interval_s=interval,
+                idle_interval_s=interval * self.settings.upstream_idle_poll_factor,
                 timeout_s=self.settings.upstream_poll_timeout_s,
+                activity=self.router.activity,
             )
             running.append(("the upstream poller", poller.stop))
             await poller.start()

@@ -6,24 +6,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import socket
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from gateway.admin.api import admin_app
 from gateway.admin.health import HEALTH_PATH, METRICS_PATH, READY_PATH, Probes
 from gateway.asgi.middleware import GatewayMiddleware
-from gateway.cli.server_flags import add_server_flags, tcp_port
-from gateway.errors import ConfigError
+from gateway.cli.server_flags import add_server_flags, tcp_port, worker_count
+from gateway.errors import ConfigError, OblethError
 from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
+from gateway.proxy.models import ModelCatalog, ModelList
 from gateway.server import BodyTimeout, bounded_protocol
+from gateway.server.workers import STARTUP_FAILURE, Workers, listening_socket, worker_sockets
 from gateway.settings import Settings
 from gateway.telemetry.instruments import watch
 from gateway.telemetry.sdk import PrometheusExport, install_prometheus_export, install_tracing
 from gateway.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 #: where ``obleth serve`` listens for the admin API unless told otherwise (the seed's port)
 ADMIN_PORT = 9090
@@ -79,6 +86,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"port of the admin API (default {ADMIN_PORT}), on the same interface; served "
         "only when OBLETH_ADMIN_TOKEN is set",
     )
+    parser.add_argument(
+        "--workers",
+        type=worker_count,
+        default=1,
+        metavar="N",
+        help="processes serving the gateway, on the same ports (default 1); more than one "
+        "needs --redis-url (or OBLETH_REDIS_URL), so that all of them share one budget",
+    )
     for flag, _, kind, help_text in _FLAGS:
         parser.add_argument(flag, type=kind, default=None, help=help_text)
     parser.add_argument(
@@ -122,7 +137,8 @@ def _naming_flags(overrides: dict[str, Any]) -> Iterator[None]:
 
 def build_app(settings: Settings, *, export: PrometheusExport | None = None) -> Probes:
     """The standalone gateway as one ASGI app (what ``obleth serve`` runs): the probes and
-    ``/metrics``, then the body timeout, the gateway and the streaming proxy.
+    ``/metrics``, ``GET /v1/models`` (the union of the upstreams' models, see
+    ``gateway.proxy.models``), then the body timeout, the gateway and the streaming proxy.
 
     ``/metrics`` renders ``export`` (default: a private one, which holds the gateway's
     instruments only); they report to the host's provider too, if it has one.
@@ -145,7 +161,10 @@ def build_app(settings: Settings, *, export: PrometheusExport | None = None) -> 
     )
     gated = GatewayMiddleware(proxy, gateway=gateway)
     timed = BodyTimeout(gated, timeout_s=settings.client_body_timeout_s)
-    return Probes(timed, gateway, export.render)
+    readings = gateway.readings
+    catalog = ModelCatalog(settings.upstreams, healthy=lambda url: readings.get(url).healthy)
+    listed = ModelList(timed, catalog, retry_after_s=settings.retry_after_s)
+    return Probes(listed, gateway, export.render)
 
 
 def server_options(settings: Settings) -> dict[str, Any]:
@@ -162,18 +181,55 @@ def server_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+#: how long a stopping ``obleth serve`` lets the requests in progress finish (uvicorn's
+#: graceful shutdown); under ``--workers`` the parent waits that and a little more
+GRACEFUL_S = 30
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every process of one ``obleth serve`` needs to serve: the settings the flags
+    gave and where to listen. Picklable: ``--workers`` hands it to each worker."""
+
+    overrides: dict[str, Any]
+    host: str
+    port: int
+    admin_port: int
+    log_level: str
+    access_log: bool
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> _Plan:
+        return cls(
+            _overrides(args), args.host, args.port, args.admin_port, args.log_level, args.access_log
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; returns the exit code."""
-    overrides = _overrides(args)
-    with _naming_flags(overrides):
-        settings = Settings.from_env(**overrides)
-        tracing = install_tracing()
-        app = build_app(settings, export=install_prometheus_export())
+    plan = _Plan.of(args)
+    workers: int = args.workers
+    tracing = None
+    with _naming_flags(plan.overrides):
+        settings = Settings.from_env(**plan.overrides)
+        if workers > 1:
+            _check_one_budget(settings, workers)
+            # only to stop on a bad setting or plugin here, once: each worker builds its own
+            app = build_app(settings)
+        else:
+            tracing = install_tracing()
+            app = build_app(settings, export=install_prometheus_export())
     upstreams = ", ".join(str(u) for u in settings.upstreams)
     admin = settings.admin_token is not None
+    processes = (
+        f"{workers} worker processes sharing one budget in Redis (pool {settings.pool!r}); "
+        if workers > 1
+        else ""
+    )
     print(
         f"obleth serve: http://{args.host}:{args.port} -> {upstreams} "
         f"({settings.routing_policy}), at most {app.gateway.capacity.current()} in flight; "
+        + processes
         + (
             f"admin API on http://{args.host}:{args.admin_port}"
             if admin
@@ -181,35 +237,123 @@ def run(args: argparse.Namespace) -> int:
         ),
         file=sys.stderr,
     )
-    common = {"host": args.host, "log_level": args.log_level, "timeout_graceful_shutdown": 30}
+    if workers > 1:
+        return _serve_workers(plan, admin, workers)
+    _serve(_servers(plan, settings, app, tracing))
+    return 0
+
+
+def _check_one_budget(settings: Settings, workers: int) -> None:
+    """Worker processes share one budget through Redis, or not at all: an in-process
+    budget per worker would admit ``workers`` times the limit (the process-model rule,
+    see ``MemoryBackend.shared_with_pids``)."""
+    if settings.redis_url is None:
+        limit = settings.global_max_in_flight
+        raise ConfigError(
+            "--workers",
+            workers,
+            f"without --redis-url each worker process would admit up to {limit} requests on "
+            f"a budget of its own ({workers} x {limit} = {workers * limit} at once); set "
+            "--redis-url (or OBLETH_REDIS_URL) so that all workers share one budget, or "
+            "serve with --workers 1",
+        )
+
+
+def _servers(
+    plan: _Plan, settings: Settings, app: Probes, tracing: TracerProvider | None
+) -> list[uvicorn.Server]:
+    """The gateway's uvicorn server and, when the admin API is on, the admin API's."""
+    common: dict[str, Any] = {
+        "host": plan.host,
+        "log_level": plan.log_level,
+        "timeout_graceful_shutdown": GRACEFUL_S,
+    }
     servers = [
         uvicorn.Server(
             uvicorn.Config(
                 app if tracing is None else _AfterShutdown(app, tracing.shutdown),
-                port=args.port,
-                access_log=args.access_log,
+                port=plan.port,
+                access_log=plan.access_log,
                 lifespan="on",
                 **common,
                 **server_options(settings),
             )
         )
     ]
-    if admin:
+    if settings.admin_token is not None:
         # its own listener: operators reach it however busy the gateway's port is
         servers.append(
             uvicorn.Server(
                 uvicorn.Config(
                     admin_app(app.gateway),
-                    port=args.admin_port,
-                    access_log=True,
+                    port=plan.admin_port,
+                    # one access logger for both servers (uvicorn's is process-wide):
+                    # --access-log decides; capacity changes are logged by obleth.admin anyway
+                    access_log=plan.access_log,
                     lifespan="off",
                     proxy_headers=False,
                     **common,
                 )
             )
         )
-    asyncio.run(_serve_all(servers))
-    return 0
+    return servers
+
+
+def _serve(servers: list[uvicorn.Server], sockets: Sequence[socket.socket] | None = None) -> None:
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_serve_all(servers, sockets))
+
+
+def _serve_workers(plan: _Plan, admin: bool, workers: int) -> int:
+    """``--workers N``: bind the gateway's sockets (one per worker, see
+    ``gateway.server.workers``) and the admin API's here, and serve them from ``workers``
+    supervised processes."""
+    own: list[socket.socket] = []
+    shared: list[socket.socket] = []
+    try:
+        try:
+            own = worker_sockets(plan.host, plan.port, workers)
+            if admin:
+                shared.append(listening_socket(plan.host, plan.admin_port))
+        except OSError as exc:
+            port = plan.admin_port if own else plan.port
+            print(
+                f"obleth serve: cannot listen on {plan.host}:{port}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return STARTUP_FAILURE
+        slots = [[sock, *shared] for sock in own]
+        return Workers(_worker, (plan,), slots, stop_timeout_s=GRACEFUL_S + 5).run()
+    finally:
+        for sock in (*own, *shared):
+            sock.close()
+
+
+def _worker(plan: _Plan, sockets: list[socket.socket]) -> None:
+    """One process of ``obleth serve --workers N``: a gateway of its own (its own pod of
+    the Redis pool) serving the sockets its parent bound. A setting that fails here ends
+    it with uvicorn's startup-failure status, which stops the parent too."""
+    try:
+        with _naming_flags(plan.overrides):
+            settings = Settings.from_env(**plan.overrides)
+            tracing = install_tracing()
+            app = build_app(settings, export=install_prometheus_export())
+    except OblethError as exc:
+        print(f"obleth: {exc}", file=sys.stderr)
+        sys.exit(STARTUP_FAILURE)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C reaches every worker too
+        _serve(_servers(plan, settings, app, tracing), sockets)
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed (``uvicorn[standard]`` brings it), as
+    uvicorn itself would choose: the servers run on a loop of ours, not one uvicorn sets
+    up. None: asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 class _AfterShutdown:
@@ -235,10 +379,16 @@ class _AfterShutdown:
         await self.app(scope, receive, sending)
 
 
-async def _serve_all(servers: list[uvicorn.Server]) -> None:
+async def _serve_all(
+    servers: list[uvicorn.Server], sockets: Sequence[socket.socket] | None = None
+) -> None:
     """Serve every server on this loop until a signal stops them; if one stops (it could
-    not bind its port), the others are told to stop too."""
-    tasks = [asyncio.create_task(server.serve()) for server in servers]
+    not bind its port), the others are told to stop too. ``sockets``, one per server, are
+    listeners bound already (by the parent of ``--workers``); without, each binds its own."""
+    tasks = [
+        asyncio.create_task(server.serve(None if sockets is None else [sockets[i]]))
+        for i, server in enumerate(servers)
+    ]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:

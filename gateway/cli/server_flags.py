@@ -33,3 +33,16 @@ def tcp_port(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a port number from 1 to 65535")
     return port
+
+
+def worker_count(text: str) -> int:
+    """How many processes serve: a whole number, at least 1."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a whole number of processes, 1 or more"
+        )
+    return count

@@ -12,6 +12,7 @@
     forwarding.py the X-Forwarded-* headers written for the upstream, and the peers
                   (trusted proxies) whose own are believed
     client.py     the pooled HTTP client shared by all requests
+    models.py     GET /v1/models answered by the gateway: the union of the upstreams' lists
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@ import logging
 import math
 from collections.abc import Iterable
 
-import httpx
+import aiohttp
 
 from gateway.asgi.responses import send_json_error
 from gateway.core.networks import ProxyListError, parse_networks
 from gateway.errors import ConfigError
-from gateway.proxy.client import upstream_client
+from gateway.proxy.client import upstream_session
 from gateway.proxy.exchange import RETRY_BODY_BYTES, Answered, forward
 from gateway.proxy.forwarding import TrustedProxies
 from gateway.proxy.upstream import (
@@ -103,7 +103,7 @@ class ProxyApp:
         self._max_connections = _count("max_connections", max_connections, minimum=1)
         self._trusted = _trusted("trusted_proxies", trusted_proxies)
         self._answered = answered
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -119,7 +119,7 @@ class ProxyApp:
         """Close the shared HTTP client and its connections; a later request opens a new one."""
         client, self._client = self._client, None
         if client is not None:
-            await client.aclose()
+            await client.close()
 
     def _routed_or_configured(self, scope: Scope) -> str | None:
         chosen = routed_upstream(scope)
@@ -128,10 +128,10 @@ class ProxyApp:
             chosen = route.upstream if route is not None else None
         return chosen or self.upstream
 
-    def _client_now(self) -> httpx.AsyncClient:
+    def _client_now(self) -> aiohttp.ClientSession:
         client = self._client
         if client is None:
-            client = self._client = upstream_client(
+            client = self._client = upstream_session(
                 connect_timeout_s=self._connect_timeout_s, max_connections=self._max_connections
             )
         return client

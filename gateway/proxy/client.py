@@ -1,32 +1,98 @@
-"""The one HTTP client a proxy shares across all its requests, sized for long streams."""
+"""The one HTTP client session a proxy shares across all its requests, sized for long
+streams, and what an attempt that got no response got instead.
+
+Why aiohttp and not httpx, which the rest of the gateway uses for its few requests of its
+own: forwarding is the request path. Measured at saturation on the same machine, a bare
+ASGI forwarder spent 1.6 ms of CPU per request through httpx (its connection pool scans
+and polls every pooled connection on each request) and 0.2 ms through aiohttp (a C
+parser, a pool keyed by host); the proxy's whole budget is 0.5 ms (docs/benchmarks.md).
+"""
 
 from __future__ import annotations
 
-import httpx
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Literal
 
-from gateway.routing.httpclient import pooled_limits
+import aiohttp
+
+from gateway.routing.httpclient import KEEPALIVE_EXPIRY_S
+
+#: headers aiohttp would add of its own: the upstream gets the client's, or none
+_NOT_ADDED = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+
+FailureKind = Literal["unreachable", "exhausted", "timeout", "failed"]
+"""``unreachable``: no connection could be made (refused, connect timeout); ``exhausted``:
+every pooled connection stayed busy for the connect timeout; ``timeout``: no response
+headers within the response timeout; ``failed``: connected, but the upstream broke the
+exchange before answering (closed, reset, or sent something that is no HTTP)."""
 
 
-def upstream_client(*, connect_timeout_s: float, max_connections: int) -> httpx.AsyncClient:
-    """A client for forwarding: pooled keep-alive connections, no read timeout.
+class UpstreamFailure(Exception):
+    """What an attempt got instead of response headers."""
 
-    - No read or write timeout: a completion may stream for minutes and a client may
-      upload slowly. The proxy's own ``response_timeout_s`` and ``read_timeout_s`` (see
-      ``gateway.proxy.exchange``) bound the waits on the upstream, as httpx's read timeout
-      could not: it is one value for the response headers and every body chunk alike.
+    def __init__(self, kind: FailureKind, detail: str) -> None:
+        self.kind: FailureKind = kind
+        super().__init__(detail)
+
+
+class Attempt:
+    """Per-request state the session's trace callbacks update (pass it as
+    ``trace_request_ctx``): whether the attempt waits for a pooled connection now, and
+    what to call once the request head is written."""
+
+    __slots__ = ("headers_sent", "queued")
+
+    def __init__(self, headers_sent: Callable[[], None] | None) -> None:
+        self.queued = False
+        self.headers_sent = headers_sent
+
+
+def upstream_session(*, connect_timeout_s: float, max_connections: int) -> aiohttp.ClientSession:
+    """A session for forwarding: pooled keep-alive connections, no read timeout.
+
+    - No read timeout: a completion may stream for minutes. The proxy's own
+      ``response_timeout_s`` and ``read_timeout_s`` (see ``gateway.proxy.exchange``) bound
+      the waits on the upstream.
     - ``connect_timeout_s`` bounds both connecting and waiting for a free pooled
       connection, so an unreachable or saturated upstream is answered, not waited on.
-    - Up to ``max_connections`` connections, all of them kept alive between requests
-      (``pooled_limits``): concurrent streams each hold one.
-    - The environment is ignored (``trust_env=False``): proxy variables such as
-      ``HTTP_PROXY`` must not reroute traffic to internal upstreams.
-    - Redirects are not followed: they are answers for the client.
+    - Up to ``max_connections`` connections, all upstreams together, each kept alive
+      between requests until idle for ``KEEPALIVE_EXPIRY_S``.
+    - The environment is ignored (no proxy variables), no cookies are kept (a
+      ``Set-Cookie`` of one client's response must never reach another's request), the body
+      is never decoded (it is relayed as the upstream encoded it), redirects are not
+      followed (callers pass ``allow_redirects=False``: they are answers for the client),
+      and no header the client did not send is added but ``Host`` and the body's framing.
     """
-    return httpx.AsyncClient(
-        limits=pooled_limits(max_connections),
-        timeout=httpx.Timeout(
-            connect=connect_timeout_s, read=None, write=None, pool=connect_timeout_s
-        ),
-        trust_env=False,
-        follow_redirects=False,
+    trace = aiohttp.TraceConfig(trace_config_ctx_factory=SimpleNamespace)
+    trace.on_connection_queued_start.append(_queued)
+    trace.on_connection_queued_end.append(_dequeued)
+    trace.on_request_headers_sent.append(_headers_sent)
+    connector = aiohttp.TCPConnector(
+        limit=max_connections,
+        limit_per_host=0,
+        keepalive_timeout=KEEPALIVE_EXPIRY_S,
     )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s),
+        auto_decompress=False,
+        trust_env=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=_NOT_ADDED,
+        trace_configs=[trace],
+    )
+
+
+async def _queued(session: object, context: SimpleNamespace, params: object) -> None:
+    context.trace_request_ctx.queued = True
+
+
+async def _dequeued(session: object, context: SimpleNamespace, params: object) -> None:
+    context.trace_request_ctx.queued = False
+
+
+async def _headers_sent(session: object, context: SimpleNamespace, params: object) -> None:
+    then = context.trace_request_ctx.headers_sent
+    if then is not None:
+        then()

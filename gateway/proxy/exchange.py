@@ -43,16 +43,19 @@ What callers of ``forward`` may rely on:
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
+import aiohttp
 import httpx
+from yarl import URL
 
 from gateway.asgi.responses import send_json_error
 from gateway.errors import ConfigError, Disconnected
+from gateway.proxy.client import Attempt, UpstreamFailure
 from gateway.proxy.forwarding import TrustedProxies, upstream_headers
 from gateway.proxy.headers import to_client
 from gateway.proxy.inbound import ClientSend, Inbound
@@ -75,13 +78,20 @@ Answered = Callable[[str, str], None]
 """``answered(upstream, status)``: what an attempt got, ``status`` an HTTP status or
 ``"error"``."""
 
-# Failures before the response headers after which another upstream has a better chance.
-_WORTH_RETRYING = (httpx.ConnectTimeout, httpx.NetworkError, httpx.RemoteProtocolError)
+Outcome = aiohttp.ClientResponse | UpstreamFailure
+"""What one attempt got: a response (its body still to be read), or the failure instead."""
+
+#: a body larger than this is handed to the session as a stream of its parts, which it
+#: writes without holding up the event loop (aiohttp warns about larger bytes)
+_WRITTEN_AT_ONCE = 1024 * 1024
+
+#: failures before the response headers after which another upstream has a better chance
+_WORTH_RETRYING = frozenset({"unreachable", "failed"})
 
 
 async def forward(
-    client: httpx.AsyncClient,
-    url: httpx.URL,
+    session: aiohttp.ClientSession,
+    url: URL,
     scope: Scope,
     receive: Receive,
     send: Send,
@@ -94,7 +104,7 @@ async def forward(
     upstream: str | None = None,
     answered: Answered | None = None,
 ) -> None:
-    """Send the HTTP request of ``scope`` to ``url`` with ``client``; relay the answer.
+    """Send the HTTP request of ``scope`` to ``url`` with ``session``; relay the answer.
 
     ``route``, the router's handle on this request, allows the one retry described in the
     module docstring for a body of at most ``retry_body_bytes``. The timeouts are seconds,
@@ -112,7 +122,7 @@ async def forward(
     if isinstance(content, Inbound) or len(content or b"") > retry_body_bytes:
         route = None
     trusted = trusted_proxies if trusted_proxies is not None else _NOBODY
-    request = _Upstream(client, scope, content, response_timeout_s, trusted)
+    request = _Upstream(session, scope, content, response_timeout_s, trusted)
     client_send = ClientSend(send)
     tell = None if answered is None or upstream is None else _Telling(answered, upstream, route)
     relay = asyncio.ensure_future(_relay(request, url, route, client_send, read_timeout_s, tell))
@@ -125,8 +135,8 @@ async def forward(
             client_send.gone = True
             await request.hang_up(relay)
     finally:
-        # After a disconnect this cancels the relay wherever it is, and the HTTP client
-        # closes the upstream connection it was using; after a normal end it does nothing.
+        # After a disconnect this cancels the relay wherever it is, and the response is
+        # closed with its connection; after a normal end it does nothing.
         relay.cancel()
         watch.cancel()
         await asyncio.wait((relay, watch))
@@ -144,20 +154,23 @@ class _Upstream:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        session: aiohttp.ClientSession,
         scope: Scope,
         content: bytes | Inbound | None,
         response_timeout_s: float | None,
         trusted: TrustedProxies,
     ) -> None:
-        self._client = client
+        self._session = session
         self._scope = scope
         self._method: str = scope["method"]
-        self._headers = upstream_headers(scope, trusted)
+        self._headers = [
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in upstream_headers(scope, trusted)
+        ]
         self._content = content
         self._response_timeout_s = response_timeout_s
         #: the response being relayed, while it is
-        self.response: httpx.Response | None = None
+        self.response: aiohttp.ClientResponse | None = None
 
     async def hang_up(self, relay: asyncio.Future[None]) -> None:
         """Tell the upstream the client is gone, by ending our side of the connection of
@@ -166,8 +179,9 @@ class _Upstream:
         upstream sends meanwhile is relayed to nobody). Without a response yet there is
         no connection of this request's own to end: the caller closes it."""
         response = self.response
-        stream = None if response is None else response.extensions.get("network_stream")
-        sock = None if stream is None else stream.get_extra_info("socket")
+        connection = None if response is None else response.connection
+        transport = None if connection is None else connection.transport
+        sock = None if transport is None else transport.get_extra_info("socket")
         if sock is None or sock.fileno() < 0:
             return
         try:
@@ -179,62 +193,76 @@ class _Upstream:
             return
         await asyncio.wait((relay,), timeout=HANG_UP_S)
 
-    def url_on(self, base: httpx.URL) -> httpx.URL:
+    def url_on(self, base: httpx.URL) -> URL:
         """Where the request goes on the upstream at ``base``."""
         return target_url(base, self._scope)
 
-    async def send_to(self, url: httpx.URL) -> httpx.Response | httpx.TransportError:
+    async def send_to(self, url: URL) -> Outcome:
         """The response from ``url``, its body still to be read, or the failure that came
-        instead; no response headers within the response timeout is ``httpx.ReadTimeout``
-        (the client itself has no read timeout)."""
-        timeouts = self._client.timeout.as_dict()
-        if self._response_timeout_s is not None:
-            # an upstream that stops taking the body for that long is not going to answer
-            # either: without this a write into its full socket would wait for ever
-            timeouts["write"] = self._response_timeout_s
-        request = httpx.Request(
-            self._method,
-            url,
-            headers=self._headers,
-            content=self._content,
-            # a Request built by hand gets no timeouts unless it carries the client's
-            extensions={"timeout": timeouts},
-        )
+        instead."""
+        loop = asyncio.get_running_loop()
+        timeout = self._response_timeout_s
         deadline = asyncio.timeout(None)
-        if self._response_timeout_s is not None:
-            request.extensions["trace"] = _start_when_written(deadline, self._response_timeout_s)
+        content = self._content
+        data: bytes | io.BytesIO | AsyncIterator[bytes] | None = content
+        if isinstance(content, bytes) and len(content) > _WRITTEN_AT_ONCE:
+            data = io.BytesIO(content)  # written in parts, a new reader for each attempt
+        start_at_head = None
+        if timeout is not None:
+            if isinstance(content, Inbound):
+                data = _bounded_writes(content, deadline, timeout)
+            else:
+                # the whole request follows its head at once: the wait for the answer (and
+                # for the upstream to take the body) starts there
+                def start_at_head() -> None:
+                    deadline.reschedule(loop.time() + timeout)
+
+        attempt = Attempt(start_at_head)
         try:
             async with deadline:
-                self.response = await self._client.send(request, stream=True)
+                self.response = await self._session.request(
+                    self._method,
+                    url,
+                    headers=self._headers,
+                    data=data,
+                    allow_redirects=False,
+                    trace_request_ctx=attempt,
+                )
                 return self.response
-        except httpx.TransportError as exc:
-            return exc
+        except aiohttp.ClientConnectorError as exc:
+            return UpstreamFailure("unreachable", _describe(exc))
+        except aiohttp.ConnectionTimeoutError as exc:
+            if attempt.queued:
+                return UpstreamFailure("exhausted", "no pooled connection came free in time")
+            return UpstreamFailure("unreachable", f"connecting timed out ({_describe(exc)})")
+        except aiohttp.ClientError as exc:
+            return UpstreamFailure("failed", _describe(exc))
         except TimeoutError:
             if not deadline.expired():
                 raise
-            return httpx.ReadTimeout(
-                f"no response headers within {self._response_timeout_s} s of sending the request",
-                request=request,
+            return UpstreamFailure(
+                "timeout", f"no response headers within {timeout} s of sending the request"
             )
 
 
-def _start_when_written(
-    deadline: asyncio.Timeout, seconds: float
-) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
-    """An httpcore ``trace`` callback (httpx's documented ``trace`` request extension)
-    that sets ``deadline`` ``seconds`` ahead once the request is written and the wait for
-    the response headers begins."""
-
-    async def trace(event: str, info: dict[str, Any]) -> None:
-        if event.endswith(".receive_response_headers.started"):
-            deadline.reschedule(asyncio.get_running_loop().time() + seconds)
-
-    return trace
+async def _bounded_writes(
+    body: Inbound, deadline: asyncio.Timeout, timeout_s: float
+) -> AsyncIterator[bytes]:
+    """The body ``body`` streams, each chunk to be taken by the upstream within
+    ``timeout_s`` (an upstream that stops reading is not going to answer either); the
+    wait for the answer starts after the last chunk. Time spent waiting for the client's
+    next chunk never counts."""
+    loop = asyncio.get_running_loop()
+    async for chunk in body:
+        deadline.reschedule(loop.time() + timeout_s)
+        yield chunk
+        deadline.reschedule(None)
+    deadline.reschedule(loop.time() + timeout_s)
 
 
 async def _relay(
     upstream: _Upstream,
-    url: httpx.URL,
+    url: URL,
     route: Reroutable | None,
     send: ClientSend,
     read_timeout_s: float | None,
@@ -249,17 +277,17 @@ async def _relay(
             # the client gets the upstream's own answer
             retry_url = _next_upstream(route, upstream, url, outcome)
             if retry_url is not None:
-                await _discard(outcome)
+                _discard(outcome)
                 url = retry_url
                 outcome = await upstream.send_to(url)
                 if tell is not None:
                     tell.again(outcome)
-        if isinstance(outcome, httpx.Response):
-            await _stream_back(outcome, send, read_timeout_s)
-        else:
+        if isinstance(outcome, UpstreamFailure):
             await _answer_failure(send, url, outcome)
+        else:
+            await _stream_back(outcome, url, send, read_timeout_s)
     finally:
-        await _discard(outcome)
+        _discard(outcome)
 
 
 class _Telling:
@@ -272,40 +300,37 @@ class _Telling:
         self._upstream = upstream
         self._route = route
 
-    def first(self, outcome: httpx.Response | httpx.TransportError) -> None:
+    def first(self, outcome: Outcome) -> None:
         self._answered(self._upstream, _status_of(outcome))
 
-    def again(self, outcome: httpx.Response | httpx.TransportError) -> None:
+    def again(self, outcome: Outcome) -> None:
         """A retry's, on the upstream the route moved to."""
         assert self._route is not None
         self._answered(self._route.upstream, _status_of(outcome))
 
 
-def _status_of(outcome: httpx.Response | httpx.TransportError) -> str:
-    return str(outcome.status_code) if isinstance(outcome, httpx.Response) else "error"
+def _status_of(outcome: Outcome) -> str:
+    return "error" if isinstance(outcome, UpstreamFailure) else str(outcome.status)
 
 
-def _worth_retrying(outcome: httpx.Response | httpx.TransportError) -> bool:
-    if isinstance(outcome, httpx.Response):
-        return outcome.status_code >= 500
-    return isinstance(outcome, _WORTH_RETRYING)
+def _worth_retrying(outcome: Outcome) -> bool:
+    if isinstance(outcome, UpstreamFailure):
+        return outcome.kind in _WORTH_RETRYING
+    return outcome.status >= 500
 
 
 def _next_upstream(
-    route: Reroutable,
-    upstream: _Upstream,
-    failed: httpx.URL,
-    outcome: httpx.Response | httpx.TransportError,
-) -> httpx.URL | None:
+    route: Reroutable, upstream: _Upstream, failed: URL, outcome: Outcome
+) -> URL | None:
     """Where to send the request again, after asking ``route`` to give up ``failed``;
     None when there is nowhere else."""
     chosen = route.reroute()
     if chosen is None:
         return None
     what = (
-        f"answered {outcome.status_code}"
-        if isinstance(outcome, httpx.Response)
-        else f"failed before answering ({_describe(outcome)})"
+        f"failed before answering ({outcome})"
+        if isinstance(outcome, UpstreamFailure)
+        else f"answered {outcome.status}"
     )
     try:
         base = parse_upstream(chosen, "the upstream returned by route.reroute()")
@@ -317,70 +342,139 @@ def _next_upstream(
     return url
 
 
-async def _discard(outcome: httpx.Response | httpx.TransportError) -> None:
-    if isinstance(outcome, httpx.Response):
-        await outcome.aclose()
+def _discard(outcome: Outcome) -> None:
+    """Close a response: its connection goes back to the pool when its body was read to
+    the end, and is closed otherwise (the upstream sees the request dropped)."""
+    if not isinstance(outcome, UpstreamFailure):
+        outcome.close()
 
 
 async def _stream_back(
-    response: httpx.Response, send: ClientSend, read_timeout_s: float | None
+    response: aiohttp.ClientResponse, url: URL, send: ClientSend, read_timeout_s: float | None
 ) -> None:
     await send(
         {
             "type": "http.response.start",
-            "status": response.status_code,
-            "headers": to_client(response.headers.raw),
+            "status": response.status,
+            "headers": to_client(response.raw_headers),
         }
     )
-    # raw: the bytes as the upstream encoded them, matching its Content-Length and
-    # Content-Encoding, which are forwarded unchanged
-    chunks = response.aiter_raw()
-    while True:
-        try:
-            async with asyncio.timeout(read_timeout_s):
-                chunk = await anext(chunks, None)
-        except httpx.TransportError as exc:
-            if not send.gone:  # else the upstream closed because we told it to
-                _log_cut_short(response, _describe(exc))
-            return  # without the final message: the server closes the connection
-        except TimeoutError:
-            _log_cut_short(response, f"sent nothing for {read_timeout_s} s")
-            return
-        if chunk is None:
-            break
-        if chunk:
+    # the bytes as the upstream encoded them (the session never decodes), matching its
+    # Content-Length and Content-Encoding, which are forwarded unchanged
+    read = response.content.readany
+    silence = None if read_timeout_s is None else _Silence(read_timeout_s)
+    try:
+        while True:
+            if silence is not None:
+                silence.reading = True
+                chunk = await read()
+                silence.reading = False
+            else:
+                chunk = await read()
+            if not chunk:
+                break
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except aiohttp.ClientError as exc:
+        if not send.gone:  # else the upstream closed because we told it to
+            _log_cut_short(url, _describe(exc))
+        return  # without the final message: the server closes the connection
+    except asyncio.CancelledError:
+        if silence is None or not silence.expired():
+            raise
+        _log_cut_short(url, f"sent nothing for {read_timeout_s} s")
+        return
+    finally:
+        if silence is not None:
+            silence.stop()
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _log_cut_short(response: httpx.Response, why: str) -> None:
+class _Silence:
+    """Cancels the task relaying a response once the upstream has sent nothing for
+    ``limit_s`` while the task waits for it (``reading``); time spent sending to the
+    client never counts. Costs a flag per chunk, not a timer: the timer it keeps wakes at
+    most once per ``limit_s`` and checks when the upstream last sent something."""
+
+    __slots__ = ("_expired", "_handle", "_limit_s", "_loop", "_since", "_task")
+
+    def __init__(self, limit_s: float) -> None:
+        self._loop = loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._limit_s = limit_s
+        self._since = loop.time()
+        self._expired = False
+        self._handle = loop.call_at(self._since + limit_s, self._check)
+
+    @property
+    def reading(self) -> bool:
+        return self._since >= 0
+
+    @reading.setter
+    def reading(self, now: bool) -> None:
+        # the time the current wait began, or -1 while the task is not waiting for data
+        self._since = self._loop.time() if now else -1.0
+
+    def expired(self) -> bool:
+        """Whether this cancelled the task (and, if so, takes that cancellation back)."""
+        if self._expired:
+            self._task.uncancel()
+        return self._expired
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self._since
+        if since >= 0 and now - since >= self._limit_s:
+            self._expired = True
+            self._task.cancel()
+            return
+        start = since if since >= 0 else now
+        self._handle = self._loop.call_at(start + self._limit_s, self._check)
+
+
+def _log_cut_short(url: URL, why: str) -> None:
     log.warning(
-        "upstream %s %s mid-response; the client's response was cut short",
-        _origin(response.request.url),
-        why,
+        "upstream %s %s mid-response; the client's response was cut short", _origin(url), why
     )
 
 
-async def _answer_failure(send: Send, url: httpx.URL, exc: httpx.TransportError) -> None:
-    if isinstance(exc, httpx.PoolTimeout):
-        status, code = 503, "upstream_connections_exhausted"
-        message = "every connection to the upstream inference server is busy; retry later"
-    elif isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        status, code = 502, "upstream_unreachable"
-        message = "the upstream inference server could not be reached; retry later"
-    elif isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
-        status, code = 504, "upstream_timeout"
-        message = "the upstream inference server did not start answering in time; retry later"
-    else:
-        status, code = 502, "upstream_failed"
-        message = "the upstream inference server failed before answering; retry later"
+_FAILURE_ANSWERS = {
+    "exhausted": (
+        503,
+        "upstream_connections_exhausted",
+        "every connection to the upstream inference server is busy; retry later",
+    ),
+    "unreachable": (
+        502,
+        "upstream_unreachable",
+        "the upstream inference server could not be reached; retry later",
+    ),
+    "timeout": (
+        504,
+        "upstream_timeout",
+        "the upstream inference server did not start answering in time; retry later",
+    ),
+    "failed": (
+        502,
+        "upstream_failed",
+        "the upstream inference server failed before answering; retry later",
+    ),
+}
+
+
+async def _answer_failure(send: Send, url: URL, failure: UpstreamFailure) -> None:
+    status, code, message = _FAILURE_ANSWERS[failure.kind]
     # the client learns what kind of failure it was; where and why is for the operator
-    log.warning("upstream %s: %s; answered %d %s", _origin(url), _describe(exc), status, code)
+    log.warning("upstream %s: %s; answered %d %s", _origin(url), failure, status, code)
     await send_json_error(send, status, message, code=code)
 
 
-def _origin(url: httpx.URL) -> str:
-    return f"{url.scheme}://{url.netloc.decode('ascii')}"
+def _origin(url: URL) -> str:
+    return f"{url.scheme}://{url.raw_authority}"
 
 
 def _describe(exc: Exception) -> str:

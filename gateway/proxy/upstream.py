@@ -9,11 +9,13 @@ one fails before answering.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote
 
 import httpx
+from yarl import URL
 
 from gateway.types import Scope
 
@@ -60,7 +62,17 @@ def route_of(scope: Scope) -> Reroutable | None:
     """The router's ``Reroutable`` for this request, or None when there is none (no router,
     or something in its place that does not have ``upstream`` and ``reroute``)."""
     route = _routed(scope, ROUTE_KEY)
-    return route if isinstance(route, Reroutable) else None
+    if route is None:
+        return None
+    kind = type(route)
+    fits = _REROUTABLE_TYPES.get(kind)
+    if fits is None:  # a runtime-checkable protocol's isinstance is slow: once per type
+        fits = _REROUTABLE_TYPES[kind] = isinstance(route, Reroutable)
+    return route if fits else None
+
+
+#: whether objects of each type seen in a scope's route are ``Reroutable`` (few types)
+_REROUTABLE_TYPES: dict[type, bool] = {}
 
 
 def _routed(scope: Scope, key: str) -> Any:
@@ -121,7 +133,7 @@ def _has_dot_segment(path: bytes) -> bool:
     return b"." in segments or b".." in segments
 
 
-def target_url(base: httpx.URL, scope: Scope) -> httpx.URL:
+def target_url(base: httpx.URL, scope: Scope) -> URL:
     """Where to send the request of ``scope`` on the upstream at ``base``.
 
     The path goes as the client sent it (``raw_path``, so percent-escapes such as ``%2F``
@@ -130,8 +142,16 @@ def target_url(base: httpx.URL, scope: Scope) -> httpx.URL:
     path: bytes | None = scope.get("raw_path")
     if not path:
         path = quote(scope.get("path") or "/").encode("ascii")
-    target = base.raw_path.rstrip(b"/") + path
+    target = _prefix_of(base) + path.decode("latin-1")
     query: bytes = scope.get("query_string", b"")
     if query:
-        target += b"?" + query
-    return base.copy_with(raw_path=target)
+        target += "?" + query.decode("latin-1")
+    return URL(target, encoded=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _prefix_of(base: httpx.URL) -> str:
+    """``scheme://host:port/path`` of an upstream's base URL, without a trailing slash:
+    what every forwarded path is put behind (built once per upstream, not per request)."""
+    path = base.raw_path.decode("ascii").rstrip("/")
+    return f"{base.scheme}://{base.netloc.decode('ascii')}{path}"

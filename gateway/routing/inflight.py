@@ -35,6 +35,10 @@ class InFlight:
             self._local[upstream] -= 1
             self._totals[upstream] -= 1
 
+    def busy(self) -> bool:
+        """Whether any request is in flight on any upstream (all pods')."""
+        return any(self._totals.values())
+
     def totals(self) -> Mapping[str, int]:
         """Every upstream's count, all pods included (a live view: do not change it)."""
         return self._totals

@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import replace
 
-import httpx
-
-from gateway.routing.httpclient import pooled_limits
+from gateway.routing.activity import Activity
 from gateway.routing.metricnames import reading_from_text
 from gateway.routing.readings import Readings
-from gateway.routing.upstreams import parse_upstream
+from gateway.routing.scraper import Scraper, Unanswered
 
 log = logging.getLogger("obleth.routing")
+
+IDLE_AFTER_ROUNDS = 4
+"""Polling slows down once this many whole intervals passed without a request."""
 
 # An engine's /metrics with every histogram is some hundreds of KB; far more is not a
 # metrics page, and reading it all would cost the gateway memory each round.
 _MAX_BODY_BYTES = 8 * 1024 * 1024
-
-
-class _Unanswered(Exception):
-    """A request that got no 2xx answer; the message says what happened instead."""
 
 
 class Poller:
@@ -36,6 +34,14 @@ class Poller:
       scraped at ``http://h:8000/v/metrics``). Each request is abandoned after
       ``timeout_s`` in all, so a round lasts at most about ``timeout_s``, and a slow or
       hanging upstream delays neither the others nor the next round beyond that.
+    - Pace: a round starts ``interval_s`` after the previous one started. Once
+      ``activity`` has seen no request for ``IDLE_AFTER_ROUNDS`` whole intervals (none
+      arrived at the router, none in flight), rounds start ``idle_interval_s`` apart, and
+      ``readings.stale_after_s`` grows by the same factor, so that the slower rounds do
+      not make readings stale. The first request to arrive ends that: a round starts at
+      once, and from its end rounds are ``interval_s`` apart again and
+      ``readings.stale_after_s`` is what it was. Without ``idle_interval_s`` (or with it
+      equal to ``interval_s``) the pace never changes.
     - Health: a 2xx answer passes; no connection, no answer in time, or another status
       fails. An upstream is unhealthy until its first pass, healthy from any pass, and
       unhealthy again after ``unhealthy_after`` failures in a row.
@@ -48,9 +54,8 @@ class Poller:
     - Log lines (logger ``obleth.routing``) mark changes only: a WARNING when an upstream
       turns unhealthy or its scrape starts failing, an INFO when it recovers.
 
-    A client passed in is used as it is and left open by ``stop()``; its connection
-    limit must allow two requests per upstream at once, or requests wait for the pool
-    within their ``timeout_s``. Without one the poller makes and closes its own.
+    Requests go out through one ``Scraper`` per upstream (``gateway.routing.scraper``),
+    on connections kept alive from one round to the next; ``stop()`` closes them.
     A poller runs once: ``start()`` after ``start()`` or ``stop()`` raises RuntimeError.
     """
 
@@ -60,13 +65,20 @@ class Poller:
         *,
         interval_s: float,
         timeout_s: float,
+        idle_interval_s: float | None = None,
+        activity: Activity | None = None,
         health_path: str = "/health",
         metrics_path: str = "/metrics",
         unhealthy_after: int = 2,
-        client: httpx.AsyncClient | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s={interval_s!r}: must be a number of seconds > 0")
+        if idle_interval_s is None:
+            idle_interval_s = interval_s
+        elif not idle_interval_s >= interval_s:
+            raise ValueError(
+                f"idle_interval_s={idle_interval_s!r}: must be at least interval_s={interval_s!r}"
+            )
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r}: must be a number of seconds > 0")
         if isinstance(unhealthy_after, bool) or not (
@@ -75,25 +87,30 @@ class Poller:
             raise ValueError(f"unhealthy_after={unhealthy_after!r}: must be an integer >= 1")
         self._readings = readings
         self._interval_s = interval_s
+        self._idle_interval_s = idle_interval_s
+        self._activity = activity if activity is not None else Activity()
+        self._stale_after_s = readings.stale_after_s
         self._timeout_s = timeout_s
         self._unhealthy_after = unhealthy_after
         self._urls = {
             upstream: (_join(upstream, metrics_path), _join(upstream, health_path))
             for upstream in readings
         }
-        for upstream in self._urls:
-            parse_upstream(upstream)
-        self._owns_client = client is None
-        self._client = client if client is not None else _own_client(len(readings), timeout_s)
+        self._scrapers = {
+            upstream: Scraper(upstream, timeout_s=timeout_s, max_body_bytes=_MAX_BODY_BYTES)
+            for upstream in self._urls
+        }
         self._failures = dict.fromkeys(self._urls, 0)
         self._scrape_failing: set[str] = set()
         self._round_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._started = False
         self._stopped = False
+        #: whether rounds are ``idle_interval_s`` apart now, for want of requests
+        self.resting = False
 
     async def start(self) -> None:
-        """Run one round, then keep polling every ``interval_s`` in a background task.
+        """Run one round, then keep polling in a background task, at the pace above.
 
         Returns after the first round, so requests routed right after have numbers for
         every upstream that answered it.
@@ -105,7 +122,7 @@ class Poller:
         self._task = asyncio.create_task(self._loop(), name="obleth-routing-poller")
 
     async def stop(self) -> None:
-        """Stop polling and close the poller's own client; safe to call again, or unstarted."""
+        """Stop polling and close its connections; safe to call again, or unstarted."""
         if self._stopped:
             return
         self._stopped = True
@@ -114,8 +131,9 @@ class Poller:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self._owns_client:
-            await self._client.aclose()
+        self._pace(resting=False)
+        for scraper in self._scrapers.values():
+            scraper.close()
 
     async def poll_once(self) -> None:
         """Run one round: scrape every upstream, update ``readings``, then notify."""
@@ -125,12 +143,15 @@ class Poller:
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
-        next_round = loop.time() + self._interval_s
+        started = loop.time()
+        quiet = 0  # rounds in a row before which no request was seen
         failing = False
         while True:
-            await asyncio.sleep(max(0.0, next_round - loop.time()))
+            quiet = 0 if self._activity.seen() else quiet + 1
+            interval = self._pace(resting=quiet > IDLE_AFTER_ROUNDS)
             # Round start to round start; a round that overran starts the next one at once.
-            next_round = loop.time() + self._interval_s
+            await self._sleep_until(started + interval)
+            started = loop.time()
             try:
                 await self.poll_once()
             except Exception:
@@ -143,9 +164,34 @@ class Poller:
                     log.info("polling rounds complete again")
                 failing = False
 
+    def _pace(self, *, resting: bool) -> float:
+        """Set the pace, and with it how long readings stay fresh; the interval to wait."""
+        self.resting = resting and self._idle_interval_s > self._interval_s
+        interval = self._idle_interval_s if self.resting else self._interval_s
+        # as many rounds as at the full pace, however far apart they are now
+        self._readings.stale_after_s = self._stale_after_s * interval / self._interval_s
+        return interval
+
+    async def _sleep_until(self, when: float) -> None:
+        """Wait until the loop's clock reaches ``when``, or while resting until a request
+        arrives, whichever comes first."""
+        loop = asyncio.get_running_loop()
+        alarm: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_at(when, _ring, alarm)
+        if self.resting:
+            self._activity.wake_with(functools.partial(_ring, alarm))
+        try:
+            await alarm
+        finally:
+            timer.cancel()
+            self._activity.wake_with(None)
+
     async def _poll(self, upstream: str) -> None:
         metrics_url, health_url = self._urls[upstream]
-        scrape, problem = await asyncio.gather(self._scrape(metrics_url), self._check(health_url))
+        scraper = self._scrapers[upstream]
+        scrape, problem = await asyncio.gather(
+            _scrape(scraper, metrics_url), _check(scraper, health_url)
+        )
         healthy = self._judge_health(upstream, problem)
         if isinstance(scrape, str):
             self._scrape_failed(upstream, scrape)
@@ -155,43 +201,6 @@ class Poller:
             text, at = scrape
             reading = reading_from_text(upstream, text, at, healthy)
         self._readings.update(reading)
-
-    async def _scrape(self, url: str) -> tuple[str, float] | str:
-        """The metrics text and the monotonic time it was read; or why there is none."""
-        try:
-            body = await self._get(url)
-        except _Unanswered as exc:
-            return str(exc)
-        at = time.monotonic()
-        return body.decode("utf-8", errors="replace"), at
-
-    async def _check(self, url: str) -> str | None:
-        """None when the health check passes; otherwise why it failed."""
-        try:
-            await self._get(url)
-        except _Unanswered as exc:
-            return str(exc)
-        return None
-
-    async def _get(self, url: str) -> bytes:
-        """The body of a 2xx answer to ``GET url`` within ``timeout_s``, or _Unanswered."""
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                async with self._client.stream("GET", url) as response:
-                    # Read the body even of a health check: a connection with an unread
-                    # body is closed instead of going back to the pool.
-                    body = bytearray()
-                    async for chunk in response.aiter_bytes():
-                        body += chunk
-                        if len(body) > _MAX_BODY_BYTES:
-                            raise _Unanswered(f"GET {url}: body over {_MAX_BODY_BYTES} bytes")
-        except TimeoutError:
-            raise _Unanswered(f"GET {url}: no answer within {self._timeout_s} s") from None
-        except httpx.HTTPError as exc:
-            raise _Unanswered(f"GET {url}: {type(exc).__name__} {exc}".rstrip()) from None
-        if not response.is_success:
-            raise _Unanswered(f"GET {url}: answered {response.status_code}")
-        return bytes(body)
 
     def _judge_health(self, upstream: str, problem: str | None) -> bool:
         """The health verdict after this check, logging a change of state."""
@@ -233,12 +242,24 @@ def _join(base: str, path: str) -> str:
     return base.rstrip("/") + "/" + path.lstrip("/")
 
 
-def _own_client(upstreams: int, timeout_s: float) -> httpx.AsyncClient:
-    # Two requests per upstream per round, and rounds never overlap: with that many
-    # connections no request waits for the pool behind a hanging upstream's.
-    return httpx.AsyncClient(
-        limits=pooled_limits(max(2, 2 * upstreams)),
-        timeout=timeout_s,
-        trust_env=False,
-        follow_redirects=False,
-    )
+async def _scrape(scraper: Scraper, url: str) -> tuple[str, float] | str:
+    """The metrics text and the monotonic time it was read; or why there is none."""
+    try:
+        body = await scraper.get(url)
+    except Unanswered as exc:
+        return str(exc)
+    return body.decode("utf-8", errors="replace"), time.monotonic()
+
+
+async def _check(scraper: Scraper, url: str) -> str | None:
+    """None when the health check passes; otherwise why it failed."""
+    try:
+        await scraper.get(url)
+    except Unanswered as exc:
+        return str(exc)
+    return None
+
+
+def _ring(alarm: asyncio.Future[None]) -> None:
+    if not alarm.done():
+        alarm.set_result(None)

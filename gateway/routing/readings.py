@@ -52,6 +52,9 @@ class Readings:
       unhealthy with no numbers), from memory.
     - ``stale(url)`` is True when the numbers are older than ``stale_after_s``: routing
       treats such an upstream as saturated, and a capacity provider should not trust it.
+      The poller sets ``stale_after_s`` to three polling intervals at its current pace:
+      it grows while the gateway is idle and the upstreams are read less often, so that
+      no reading goes stale for want of requests.
     - ``subscribe(callback)`` calls ``callback()`` after every polling round, on the
       gateway's event loop, so a provider can recompute its limit when numbers change.
     """

@@ -32,6 +32,7 @@ from gateway.core.memo import Memo
 from gateway.core.scoring import best, clamp, normalized, ranked, weighted_totals
 from gateway.errors import Unroutable
 from gateway.protocols import RoutingScorer
+from gateway.routing.activity import Activity
 from gateway.routing.decisions import REROUTED, ROUTED, DecisionLog
 from gateway.routing.fleet import Fleet
 from gateway.routing.request import RouteRequest
@@ -173,11 +174,14 @@ class Router:
         self._urls = list(self.upstreams)
         #: counts per upstream and the latest choices, for operators
         self.decisions = DecisionLog(self._urls)
+        #: told of every request to route, so that the poller polls faster while they come
+        self.activity = Activity(busy=fleet.inflight.busy)
 
     # -- the decision -------------------------------------------------------------------
 
     def route(self, request: RouteRequest) -> Decision:
         """Choose; raises ``Unroutable`` when no upstream can take the request."""
+        self.activity.arrived()  # first: a request refused for want of health counts too
         healthy = self._healthy(self._serving_model(request.model), request.model)
         if self.policy == "round-robin":
             ranking, scores = self._round_robin(healthy)

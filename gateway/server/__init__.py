@@ -7,6 +7,8 @@ clients (the probes it answers itself are in ``gateway.admin.health``).
                     (431) and a time bound (408) on each request's line and headers
     bodytimeout.py  BodyTimeout: ASGI middleware answering 408 when a request body pauses
                     for too long while the app waits for it
+    workers.py      Workers: the processes of ``obleth serve --workers N``, the sockets
+                    they serve (bound by their parent) and their supervision
 """
 
 from __future__ import annotations

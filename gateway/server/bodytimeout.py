@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 
 from gateway.asgi.responses import send_json_error
 from gateway.types import ASGIApp, Message, Receive, Scope, Send
@@ -81,10 +82,12 @@ class _TimedBody:
             self.arrived = True
         return message
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
+        """The server's ``send``, noting that the response started; a plain function
+        handing back the server's awaitable (it runs for every chunk of a stream)."""
         if message["type"] == "http.response.start":
             self.started = True
-        await self._send(message)
+        return self._send(message)
 
     async def _answer_if_timed_out(self) -> None:
         if not self.timed_out or self.started:

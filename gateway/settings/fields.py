@@ -260,9 +260,10 @@ class Settings(Declared):
     )
     routing_placement_bound: float = setting(
         1.25,
-        doc="Where a prefix that no upstream holds goes: the first upstream in the rendezvous "
-        "order of its first block that is not above this multiple of the average in prompt "
-        "content placed and in the gateway's requests in flight. `0`: plain rendezvous "
+        doc="Where a prefix that no upstream holds goes: of the upstreams not above this "
+        "multiple of the average in prompt content placed, and within one request of the "
+        "fewest of the gateway's requests in flight, the one sent a request longest ago "
+        "(ties: the rendezvous order of its first block). `0`: plain rendezvous "
         "hashing. With Redis, pods share their placements; several pods without Redis should "
         "set `0` so that they agree. `0` or a finite number ≥ 1. See "
         "[routing](routing.md#prefix-affinity).",
@@ -304,10 +305,22 @@ class Settings(Declared):
     )
     upstream_poll_interval_s: float = setting(
         0.25,
-        doc="How often each upstream's `/metrics` and `/health` are read. A reading older than "
-        "three intervals is stale and counts as saturated.",
+        doc="How often each upstream's `/metrics` and `/health` are read while requests come "
+        "(see `upstream_idle_poll_factor` for the idle pace). A reading older than three "
+        "intervals is stale and counts as saturated.",
         parse=parsers.env_float,
         check=checks.check_seconds,
+    )
+    upstream_idle_poll_factor: float = setting(
+        4.0,
+        doc="How many times less often upstreams are read while the gateway is idle: no "
+        "request has arrived for four polling intervals (1 s by default) and none is in "
+        "flight (in cluster mode, on any pod). While idle, a reading is stale only after "
+        "three of the longer intervals. The first request to arrive starts a reading at once, "
+        "and the pace is `upstream_poll_interval_s` again. A finite number ≥ 1; 1 keeps one "
+        "pace.",
+        parse=parsers.env_multiple,
+        check=checks.check_bound(zero_allowed=False),
     )
     upstream_poll_timeout_s: float = setting(
         0.2,

@@ -59,6 +59,17 @@ def pin(pid: int, cpu: int | None) -> None:
             os.sched_setaffinity(pid, {cpu})
 
 
+def stop_process(process: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout_s``; reaps the process either way."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far, from /proc."""
     with open(f"/proc/{pid}/stat") as stat:
@@ -120,13 +131,7 @@ class Server:
             connection.close()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process, timeout_s)
 
 
 @contextlib.contextmanager
@@ -156,6 +161,7 @@ def load(
     cpu: int | None = None,
     max_requests: int | None = None,
     watch: Mapping[str, int] | None = None,
+    body: str | None = None,
 ) -> dict[str, Any]:
     """One load generator run; adds the server's CPU use over the measured window.
 
@@ -169,6 +175,8 @@ def load(
     ]  # fmt: skip
     if max_requests is not None:
         command += ["--max-requests", str(max_requests)]
+    if body is not None:
+        command += ["--body", body]
     for header in HEADERS:
         command += ["--header", header]
     pids = {"server": server.pid, **(watch or {})}

@@ -104,9 +104,17 @@ class Client(asyncio.Protocol):
         length = -1
         for line in head[1:]:
             name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
+            name = name.strip().lower()
+            if name == b"content-length":
                 length = int(value)
                 break
+            if name == b"transfer-encoding" and b"chunked" in value.lower():
+                # a streamed answer: it ends with the empty last chunk
+                end = buffer.find(b"\r\n0\r\n\r\n", head_end)
+                if end < 0:
+                    return False
+                self._response_end = end + 7
+                return True
         if length < 0:
             self._fail("response without Content-Length")
             return False
@@ -203,9 +211,23 @@ def _mark(label: str) -> None:
     print(label, flush=True)
 
 
-def build_request(host: str, port: int, path: str, headers: list[str]) -> bytes:
-    lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", *headers, "", ""]
-    return "\r\n".join(lines).encode("latin-1")
+def build_request(
+    host: str, port: int, path: str, headers: list[str], body: bytes | None = None
+) -> bytes:
+    """A GET, or with ``body`` a POST of that JSON body."""
+    if body is None:
+        lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", *headers, "", ""]
+        return "\r\n".join(lines).encode("latin-1")
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}:{port}",
+        *headers,
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "",
+        "",
+    ]
+    return "\r\n".join(lines).encode("latin-1") + body
 
 
 def run_on_uvloop(coroutine: Coroutine[Any, Any, dict[str, Any]]) -> tuple[dict[str, Any], str]:
@@ -223,6 +245,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--path", default="/")
     parser.add_argument("--header", action="append", default=[], help="'Name: value'")
+    parser.add_argument("--body", help="send a POST with this JSON body (else a GET)")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=3.0, help="measured window")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds not measured")
@@ -231,7 +254,8 @@ def main() -> None:
         "--marks", action="store_true", help="print window-start/window-end lines first"
     )
     args = parser.parse_args()
-    request = build_request(args.host, args.port, args.path, args.header)
+    body = None if args.body is None else args.body.encode()
+    request = build_request(args.host, args.port, args.path, args.header, body)
     coroutine = drive(
         args.host,
         args.port,

@@ -101,9 +101,9 @@ async def in_process_page() -> str:
         gateway = served.app.gateway
         holding = asyncio.ensure_future(http.get("/hold"))
         await eventually(lambda: gateway.snapshot().inflight == 1, "the seat held")
-        waiting = asyncio.ensure_future(http.get("/v1/models"))
+        waiting = asyncio.ensure_future(http.get("/version"))
         await eventually(lambda: gateway.snapshot().queued == 1, "a request waiting")
-        assert (await http.get("/v1/models")).status_code == 503
+        assert (await http.get("/version")).status_code == 503
         served.echo.release.set()
         assert (await within(holding, "the held request's answer")).status_code == 200
         assert (await within(waiting, "the waiting request's answer")).status_code == 200
@@ -120,7 +120,7 @@ def cluster_page(redis: RedisServer) -> str:
         ServePod([upstream.url], args=args, name="grafana-cluster") as pod,
         httpx.Client(base_url=pod.url, trust_env=False) as http,
     ):
-        assert http.get("/v1/models").status_code == 200
+        assert http.get("/version").status_code == 200
         response = http.get("/metrics")
     assert response.status_code == 200, response.text
     return response.text

@@ -107,9 +107,9 @@ def test_obleth_serve_trusts_the_peers_of_trusted_proxies_and_no_others(echo_url
 
 
 def _when_routed(url: str, headers: dict[str, str]) -> httpx.Response:
-    """``GET /v1/models`` once the gateway routes (its upstream is healthy)."""
+    """``GET /version`` once the gateway routes (its upstream is healthy)."""
     for _ in range(int(WAIT_S / 0.02)):
-        response = httpx.get(f"{url}/v1/models", headers=headers, trust_env=False)
+        response = httpx.get(f"{url}/version", headers=headers, trust_env=False)
         if response.status_code == 200:
             return response
         time.sleep(0.02)

@@ -50,7 +50,7 @@ def pod(echo: tuple[str, Echo]) -> Iterator[ServePod]:
 
 def head_of_size(size: int, tag: str) -> bytes:
     """A GET whose request line and headers take exactly ``size`` bytes."""
-    bare = request_head("/v1/models", ("x-test-id", tag), ("x-pad", ""), ("connection", "close"))
+    bare = request_head("/version", ("x-test-id", tag), ("x-pad", ""), ("connection", "close"))
     return bare.replace(b"x-pad: ", b"x-pad: " + b"p" * (size - len(bare)))
 
 
@@ -104,7 +104,7 @@ def test_unfinished_heads_are_cut_off_without_being_buffered(pod: ServePod) -> N
     for _ in range(3):  # the process's own allocations settle on its first requests
         httpx.get(f"{pod.url}/healthz", trust_env=False).raise_for_status()
     before = vm_rss_kib(pod.pid)
-    unfinished = request_head("/v1/models").removesuffix(b"\r\n") + b"x-huge: "
+    unfinished = request_head("/version").removesuffix(b"\r\n") + b"x-huge: "
     sockets = [connect(pod.url) for _ in range(10)]
     try:
         for sock in sockets:
@@ -126,7 +126,7 @@ def trickle_head(url: str, line_every_s: float, lines: int) -> tuple[Answer, int
     ``lines`` of them) until the server answers or closes; the answer, and how many header
     lines the server took before it did."""
     with connect(url) as sock:
-        sock.sendall(b"GET /v1/models HTTP/1.1\r\n")
+        sock.sendall(b"GET /version HTTP/1.1\r\n")
         sock.settimeout(line_every_s)
         sent = 0
         for i in range(lines):

@@ -83,10 +83,10 @@ async def test_metrics_count_how_requests_ended_their_waits_and_the_upstreams_an
         gateway = served.app.gateway
         holding = asyncio.ensure_future(http.get("/hold", headers={"x-tenant": "acme"}))
         await eventually(lambda: gateway.snapshot().inflight == 1, "acme holding the seat")
-        waiting = asyncio.ensure_future(http.get("/v1/models", headers={"x-tenant": "beta"}))
+        waiting = asyncio.ensure_future(http.get("/version", headers={"x-tenant": "beta"}))
         await eventually(lambda: gateway.snapshot().queued == 1, "beta waiting")
         during = (await http.get("/metrics")).text
-        refused = await http.get("/v1/models", headers={"x-tenant": "gamma"})
+        refused = await http.get("/version", headers={"x-tenant": "gamma"})
         assert refused.status_code == 503
         served.echo.release.set()
         assert (await within(holding, "acme's answer")).status_code == 200

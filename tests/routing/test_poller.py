@@ -1,4 +1,5 @@
-"""The poller against real servers on loopback: numbers, health, hangs, staleness, lifecycle."""
+"""The poller against real servers on loopback: numbers, health, hangs, staleness, pace,
+lifecycle."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.admin.health import readiness
+from gateway.gateway import Gateway
 from gateway.loopback import RunningServer, serve_in_task
-from gateway.routing.poller import Poller
+from gateway.routing.activity import Activity
+from gateway.routing.poller import IDLE_AFTER_ROUNDS, Poller
 from gateway.routing.readings import Reading, Readings
+from gateway.routing.request import RouteRequest
+from gateway.settings import Settings
 from gateway.sim import SimConfig, create_app
 from gateway.types import Receive, Scope, Send
 
@@ -64,6 +70,7 @@ class FakeUpstream:
         self.hang = False
         self.delay_s = 0.0
         self.paths: list[str] = []
+        self.clients: list[object] = []
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -71,6 +78,7 @@ class FakeUpstream:
         if scope["type"] != "http":
             return
         self.paths.append(scope["path"])
+        self.clients.append(scope["client"])
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -344,15 +352,100 @@ async def test_start_has_numbers_ready_and_polling_goes_on_until_stop() -> None:
             await poller.start()
 
 
-async def test_a_client_passed_in_is_used_and_left_open() -> None:
-    """``stop()`` closes only a client the poller made itself."""
+async def test_rounds_reuse_their_connections() -> None:
+    """Rounds after the first open no connection: the upstream sees two client addresses
+    (metrics and health, side by side) however many rounds it answers."""
     upstream = FakeUpstream()
-    async with fake(upstream) as server, httpx.AsyncClient(trust_env=False) as client:
-        async with polling(server.url, client=client) as (poller, readings):
-            await poller.start()
-            assert readings.get(server.url).healthy
-        assert not client.is_closed
-        assert (await client.get(f"{server.url}/health")).status_code == 200
+    async with fake(upstream) as server, polling(server.url) as (poller, _):
+        for _ in range(5):
+            await poll(poller)
+
+    assert len(upstream.paths) == 10
+    assert len(set(upstream.clients)) == 2
+
+
+async def test_an_idle_gateway_polls_slowly_until_a_request_arrives() -> None:
+    """With no request for a few rounds the poller rests: no round for many intervals, and
+    readings stay fresh as long, in rounds, as before. The first request starts a round at
+    once, and rounds follow at the full pace until the gateway is idle again."""
+    upstream = FakeUpstream()
+    activity = Activity()
+    idle_s = 60.0  # so long that any round seen while resting was started by a request
+    options = {"idle_interval_s": idle_s, "activity": activity}
+    async with fake(upstream) as server, polling(server.url, **options) as (poller, readings):
+        await poller.start()
+        await wait_until(lambda: poller.resting, "the poller resting")
+        assert readings.stale_after_s == STALE_AFTER_S * idle_s / INTERVAL_S
+        reading = readings.get(server.url)
+        assert not readings.stale(server.url, now=reading.at + STALE_AFTER_S * 2)
+
+        polled = len(upstream.paths)
+        await asyncio.sleep(INTERVAL_S * 10)
+        assert len(upstream.paths) == polled  # ten intervals, not one round
+
+        activity.arrived()
+        await wait_until(lambda: len(upstream.paths) > polled, "a round right after a request")
+        await wait_until(lambda: not poller.resting, "the full pace again")
+        assert readings.stale_after_s == STALE_AFTER_S
+        # four more rounds: at the idle pace they would take minutes
+        await wait_until(lambda: len(upstream.paths) >= polled + 10, "rounds at the full pace")
+
+        await wait_until(lambda: poller.resting, "the poller resting again")
+
+
+async def test_requests_in_flight_keep_the_full_pace() -> None:
+    """While requests are in flight (a long stream, say) the poller never rests."""
+    upstream = FakeUpstream()
+    activity = Activity(busy=lambda: True)
+    options = {"idle_interval_s": 60.0, "activity": activity}
+    async with fake(upstream) as server, polling(server.url, **options) as (poller, readings):
+        resting: list[bool] = []
+        readings.subscribe(lambda: resting.append(poller.resting))
+        await poller.start()
+        # twice the rounds it takes an idle poller to rest
+        await wait_until(lambda: len(resting) >= 2 * (IDLE_AFTER_ROUNDS + 1), "ten rounds")
+
+    assert not any(resting)
+    assert readings.stale_after_s == STALE_AFTER_S
+
+
+async def test_a_gateway_at_rest_wakes_its_poller_with_the_first_routed_request() -> None:
+    """Through the gateway's own wiring: an idle gateway reads its upstreams slowly, stays
+    ready with fresh (not stale) readings; routing a request starts a round, and the
+    pace stays full until the request is finished."""
+    upstream = FakeUpstream()
+    async with fake(upstream) as server:
+        settings = Settings(
+            upstreams=(server.url,),
+            upstream_poll_interval_s=INTERVAL_S,
+            upstream_idle_poll_factor=1200.0,  # a minute
+            upstream_poll_timeout_s=TIMEOUT_S,
+        )
+        gateway = Gateway(settings, entry_points=False)
+        await gateway.start()
+        try:
+            readings, router = gateway.readings, gateway.router
+            assert router is not None
+            normal = readings.stale_after_s
+            await wait_until(lambda: readings.stale_after_s > normal, "the poller resting")
+            polled = len(upstream.paths)
+            assert readiness(gateway)[0] == 200
+            assert not readings.stale(server.url, now=readings.get(server.url).at + normal * 2)
+
+            request = RouteRequest("/v1/completions", None, (), None, "tenant", router.fleet)
+            decision = router.route(request)
+            await wait_until(lambda: len(upstream.paths) > polled, "a round after the request")
+            await wait_until(lambda: readings.stale_after_s == normal, "the full pace again")
+
+            # while it is in flight, twice the rounds it takes an idle poller to rest
+            paces: list[float] = []
+            readings.subscribe(lambda: paces.append(readings.stale_after_s))
+            await wait_until(lambda: len(paces) >= 2 * (IDLE_AFTER_ROUNDS + 1), "ten rounds")
+            assert set(paces) == {normal}
+            decision.finish()
+            await wait_until(lambda: readings.stale_after_s > normal, "resting once it ended")
+        finally:
+            await gateway.stop()
 
 
 async def test_changes_of_state_are_logged_once_each_not_every_round(
@@ -388,6 +481,7 @@ async def test_changes_of_state_are_logged_once_each_not_every_round(
     ("options", "problem"),
     [
         ({"interval_s": 0}, "interval_s"),
+        ({"idle_interval_s": 0.5}, "idle_interval_s"),
         ({"timeout_s": -1.0}, "timeout_s"),
         ({"unhealthy_after": 0}, "unhealthy_after"),
         ({"unhealthy_after": True}, "unhealthy_after"),

@@ -156,7 +156,7 @@ def test_obleth_serve_sends_spans_where_the_otel_variables_say() -> None:
         }
         with ServePod([upstream.url], env=env, name="tracing") as pod:
             answer = httpx.get(
-                f"{pod.url}/v1/models",
+                f"{pod.url}/version",
                 headers={"x-tenant": "acme", "traceparent": TRACEPARENT},
                 trust_env=False,
             )
