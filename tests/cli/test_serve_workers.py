@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
+from pathlib import Path
 
 import httpx
 import pytest
@@ -290,6 +291,17 @@ def test_a_port_in_use_stops_serve_before_any_worker_starts(
     assert f"cannot listen on {HOST}:{port}: Address already in use" in capsys.readouterr().err
 
 
+@pytest.fixture
+def spawnable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker processes started by ``spawn`` import their target, a function of this test
+    package, with this process's ``sys.path`` (multiprocessing hands it over): the
+    repository's root goes on it, since ``pytest`` run as a script does not put it there,
+    and a child that cannot import its target dies with status 1, which must not pass
+    for the death a test scripted."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+
+
+@pytest.mark.usefixtures("spawnable")
 def test_workers_that_keep_dying_stop_the_supervisor(caplog: pytest.LogCaptureFixture) -> None:
     """Real worker processes that crash at once are replaced up to ``max_restarts`` times
     within the window; the next death stops it all with an error, status 1."""
@@ -305,6 +317,7 @@ def test_workers_that_keep_dying_stop_the_supervisor(caplog: pytest.LogCaptureFi
     assert not [pid for pid in supervisor.pids if alive(pid)]
 
 
+@pytest.mark.usefixtures("spawnable")
 def test_a_worker_that_fails_to_start_stops_the_supervisor_at_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
