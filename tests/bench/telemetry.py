@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import code_version, machine, software
+from pieces import receive, sent, trivial_app
 
 CONFIGURATIONS = {
     "off": (),
@@ -56,19 +57,6 @@ SCRAPE_EVERY = 10_000
 TARGET_US = 2.0
 
 HEADERS = [(b"host", b"127.0.0.1"), (b"authorization", b"Bearer sk-bench-0001")]
-
-
-async def trivial_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    await send({"type": "http.response.body", "body": b"hello"})
-
-
-async def receive() -> dict[str, Any]:
-    return {"type": "http.request", "body": b"", "more_body": False}
-
-
-async def sent(message: dict[str, Any]) -> None:
-    pass
 
 
 def install(parts: Sequence[str]) -> Any:
