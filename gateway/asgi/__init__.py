@@ -1,4 +1,5 @@
-"""The ASGI side: the middleware and what it needs (body replay, lifespan, responses)."""
+"""The ASGI side: the middleware and what it needs (the per-request flight and the plan
+every flight shares, body replay, lifespan, responses)."""
 
 from __future__ import annotations
 

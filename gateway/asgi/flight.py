@@ -7,7 +7,7 @@ gathers on its way (its ticket, body, permit and routing decision) instead of pa
 from call to call, and ends in one place, ``_land``: at the response's last chunk, through
 the flight's own ``send``, else in the one ``finally`` around the app. What every flight
 of one middleware shares (the gateway's parts, the settings it reads) is its
-``FlightPlan``, built once.
+``FlightPlan`` (``plan.py``), built once.
 """
 
 from __future__ import annotations
@@ -15,103 +15,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from gateway.asgi.body import RequestBody
+from gateway.asgi.plan import FlightPlan, Record
 from gateway.asgi.responses import send_bad_request, send_json_error, send_rejection
 from gateway.complaints import Complaints
-from gateway.core.memo import Memo
-from gateway.core.tickets import PRIORITIES, Ticket
+from gateway.core.tickets import Ticket
 from gateway.core.tickets import ticket as make_ticket
 from gateway.errors import BadRequest, Disconnected, Rejected, Unroutable
-from gateway.gateway import Gateway
 from gateway.protocols import Classification, FreeSeats, Permit, RequestInfo
-from gateway.routing.request import RequestReader
 from gateway.routing.router import Decision
 from gateway.telemetry import tallies
 from gateway.telemetry.tracing import close_span, open_span
-from gateway.types import ASGIApp, Message, Receive, Scope, Send
+from gateway.types import Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
 log = logging.getLogger("obleth")
 
-#: ``scope["state"]["obleth"]``: read-only, so one record can serve many requests
-Record = Mapping[str, object]
-
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-
-#: How many tickets' records of requests admitted without waiting are kept for reuse.
-_RECORDS_KEPT = 1024
-
-
-class FlightPlan:
-    """What every request through one middleware shares: the gateway's parts and the
-    settings the request path reads, looked up once."""
-
-    __slots__ = (
-        "app",
-        "complaints",
-        "default",
-        "free_seats",
-        "gateway",
-        "header_ticket",
-        "max_body",
-        "names_upstream",
-        "observes",
-        "plugins",
-        "reader",
-        "reads_body",
-        "records",
-        "retry_after_s",
-        "retry_unroutable_s",
-        "router",
-        "scheduler",
-        "tallies",
-        "wait_attributes",
-    )
-
-    def __init__(self, app: ASGIApp, gateway: Gateway, complaints: Complaints) -> None:
-        config = gateway.settings
-        self.app = app
-        self.gateway = gateway
-        self.plugins = plugins = gateway.plugins
-        self.scheduler = gateway.scheduler
-        #: the backend's seats free right now (None when every grant needs I/O)
-        self.free_seats = gateway.scheduler.free_seats
-        self.router = router = gateway.router
-        #: reads what routing needs of a request; None without upstreams
-        self.reader = (
-            None
-            if router is None
-            else RequestReader(
-                router.fleet,
-                block_bytes=config.prefix_block_bytes,
-                session_header=config.session_header,
-            )
-        )
-        self.header_ticket = plugins.header_ticket
-        self.observes = plugins.observes
-        self.reads_body = plugins.wants_body or router is not None
-        self.max_body = config.max_body_bytes
-        self.default = Classification(config.default_tenant, config.default_priority)
-        self.names_upstream = bool(config.upstream_header)
-        self.retry_after_s = config.retry_after_s
-        #: a 503 for no healthy upstream may be retried after the next health check
-        self.retry_unroutable_s = config.upstream_poll_interval_s
-        #: the record of each recent ticket admitted without waiting nor routing, shared
-        #: by its requests (records are read-only)
-        self.records: Memo[Ticket, Record] = Memo(_RECORDS_KEPT)
-        self.complaints = complaints
-        #: how requests end, counted once each (the metrics read it)
-        self.tallies = gateway.tallies
-        #: the queue-wait histogram's attributes per priority class
-        self.wait_attributes = {
-            priority: {"pool": config.pool, "priority": priority} for priority in PRIORITIES
-        }
 
 
 class Flight:

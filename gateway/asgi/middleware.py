@@ -14,8 +14,9 @@ import asyncio
 from collections.abc import Iterable
 from typing import cast
 
-from gateway.asgi.flight import Flight, FlightPlan, answer_not_started
+from gateway.asgi.flight import Flight, answer_not_started
 from gateway.asgi.lifespan import run_lifespan
+from gateway.asgi.plan import FlightPlan
 from gateway.complaints import Complaints
 from gateway.core.memo import Memo
 from gateway.errors import OblethError

@@ -10,13 +10,18 @@ parser, a pool keyed by host); the proxy's whole budget is 0.5 ms (docs/benchmar
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Literal
 
 import aiohttp
 
+from gateway.asgi.responses import send_json_error
 from gateway.routing.httpclient import KEEPALIVE_EXPIRY_S
+from gateway.types import Send
+
+log = logging.getLogger("obleth.proxy")
 
 #: headers aiohttp would add of its own: the upstream gets the client's, or none
 _NOT_ADDED = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
@@ -96,3 +101,36 @@ async def _headers_sent(session: object, context: SimpleNamespace, params: objec
     then = context.trace_request_ctx.headers_sent
     if then is not None:
         then()
+
+
+_FAILURE_ANSWERS = {
+    "exhausted": (
+        503,
+        "upstream_connections_exhausted",
+        "every connection to the upstream inference server is busy; retry later",
+    ),
+    "unreachable": (
+        502,
+        "upstream_unreachable",
+        "the upstream inference server could not be reached; retry later",
+    ),
+    "timeout": (
+        504,
+        "upstream_timeout",
+        "the upstream inference server did not start answering in time; retry later",
+    ),
+    "failed": (
+        502,
+        "upstream_failed",
+        "the upstream inference server failed before answering; retry later",
+    ),
+}
+
+
+async def answer_failure(send: Send, origin: str, failure: UpstreamFailure) -> None:
+    """The client's answer to an attempt that got no response: an OpenAI-style JSON error
+    whose code says what kind of failure it was (where and why goes to the log)."""
+    status, code, message = _FAILURE_ANSWERS[failure.kind]
+    # the client learns what kind of failure it was; where and why is for the operator
+    log.warning("upstream %s: %s; answered %d %s", origin, failure, status, code)
+    await send_json_error(send, status, message, code=code)

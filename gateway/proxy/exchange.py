@@ -53,9 +53,9 @@ import aiohttp
 import httpx
 from yarl import URL
 
-from gateway.asgi.responses import send_json_error
 from gateway.errors import ConfigError, Disconnected
-from gateway.proxy.client import Attempt, UpstreamFailure
+from gateway.proxy.client import Attempt, UpstreamFailure, answer_failure
+from gateway.proxy.deadlines import Silence, bounded_writes
 from gateway.proxy.forwarding import TrustedProxies, upstream_headers
 from gateway.proxy.headers import to_client
 from gateway.proxy.inbound import ClientSend, Inbound
@@ -210,7 +210,7 @@ class _Upstream:
         start_at_head = None
         if timeout is not None:
             if isinstance(content, Inbound):
-                data = _bounded_writes(content, deadline, timeout)
+                data = bounded_writes(content, deadline, timeout)
             else:
                 # the whole request follows its head at once: the wait for the answer (and
                 # for the upstream to take the body) starts there
@@ -245,21 +245,6 @@ class _Upstream:
             )
 
 
-async def _bounded_writes(
-    body: Inbound, deadline: asyncio.Timeout, timeout_s: float
-) -> AsyncIterator[bytes]:
-    """The body ``body`` streams, each chunk to be taken by the upstream within
-    ``timeout_s`` (an upstream that stops reading is not going to answer either); the
-    wait for the answer starts after the last chunk. Time spent waiting for the client's
-    next chunk never counts."""
-    loop = asyncio.get_running_loop()
-    async for chunk in body:
-        deadline.reschedule(loop.time() + timeout_s)
-        yield chunk
-        deadline.reschedule(None)
-    deadline.reschedule(loop.time() + timeout_s)
-
-
 async def _relay(
     upstream: _Upstream,
     url: URL,
@@ -283,7 +268,7 @@ async def _relay(
                 if tell is not None:
                     tell.again(outcome)
         if isinstance(outcome, UpstreamFailure):
-            await _answer_failure(send, url, outcome)
+            await answer_failure(send, _origin(url), outcome)
         else:
             await _stream_back(outcome, url, send, read_timeout_s)
     finally:
@@ -362,7 +347,7 @@ async def _stream_back(
     # the bytes as the upstream encoded them (the session never decodes), matching its
     # Content-Length and Content-Encoding, which are forwarded unchanged
     read = response.content.readany
-    silence = None if read_timeout_s is None else _Silence(read_timeout_s)
+    silence = None if read_timeout_s is None else Silence(read_timeout_s)
     try:
         while True:
             if silence is not None:
@@ -389,88 +374,10 @@ async def _stream_back(
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-class _Silence:
-    """Cancels the task relaying a response once the upstream has sent nothing for
-    ``limit_s`` while the task waits for it (``reading``); time spent sending to the
-    client never counts. Costs a flag per chunk, not a timer: the timer it keeps wakes at
-    most once per ``limit_s`` and checks when the upstream last sent something."""
-
-    __slots__ = ("_expired", "_handle", "_limit_s", "_loop", "_since", "_task")
-
-    def __init__(self, limit_s: float) -> None:
-        self._loop = loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-        self._task = task
-        self._limit_s = limit_s
-        self._since = loop.time()
-        self._expired = False
-        self._handle = loop.call_at(self._since + limit_s, self._check)
-
-    @property
-    def reading(self) -> bool:
-        return self._since >= 0
-
-    @reading.setter
-    def reading(self, now: bool) -> None:
-        # the time the current wait began, or -1 while the task is not waiting for data
-        self._since = self._loop.time() if now else -1.0
-
-    def expired(self) -> bool:
-        """Whether this cancelled the task (and, if so, takes that cancellation back)."""
-        if self._expired:
-            self._task.uncancel()
-        return self._expired
-
-    def stop(self) -> None:
-        self._handle.cancel()
-
-    def _check(self) -> None:
-        now = self._loop.time()
-        since = self._since
-        if since >= 0 and now - since >= self._limit_s:
-            self._expired = True
-            self._task.cancel()
-            return
-        start = since if since >= 0 else now
-        self._handle = self._loop.call_at(start + self._limit_s, self._check)
-
-
 def _log_cut_short(url: URL, why: str) -> None:
     log.warning(
         "upstream %s %s mid-response; the client's response was cut short", _origin(url), why
     )
-
-
-_FAILURE_ANSWERS = {
-    "exhausted": (
-        503,
-        "upstream_connections_exhausted",
-        "every connection to the upstream inference server is busy; retry later",
-    ),
-    "unreachable": (
-        502,
-        "upstream_unreachable",
-        "the upstream inference server could not be reached; retry later",
-    ),
-    "timeout": (
-        504,
-        "upstream_timeout",
-        "the upstream inference server did not start answering in time; retry later",
-    ),
-    "failed": (
-        502,
-        "upstream_failed",
-        "the upstream inference server failed before answering; retry later",
-    ),
-}
-
-
-async def _answer_failure(send: Send, url: URL, failure: UpstreamFailure) -> None:
-    status, code, message = _FAILURE_ANSWERS[failure.kind]
-    # the client learns what kind of failure it was; where and why is for the operator
-    log.warning("upstream %s: %s; answered %d %s", _origin(url), failure, status, code)
-    await send_json_error(send, status, message, code=code)
 
 
 def _origin(url: URL) -> str:
