@@ -373,6 +373,14 @@ def test_each_rejection_is_json_with_retry_after(
     run(scenario)
 
 
+def one_seat_queue_of_one(app: Echo, policy: str) -> GatewayMiddleware:
+    """``app`` behind one seat and a queue of one, under ``policy``; tenants by header."""
+    settings = Settings(
+        global_max_in_flight=1, max_queue=1, overflow_policy=policy, tenant_header="x-tenant"
+    )
+    return GatewayMiddleware(app, settings)
+
+
 def test_under_block_a_full_queue_refuses_nobody_and_requests_run_in_arrival_order() -> None:
     """Past ``max_queue``, block answers no 503 ``queue_full``: the newcomers wait for
     room in the queue, and every request runs, in the order it arrived."""
@@ -380,15 +388,7 @@ def test_under_block_a_full_queue_refuses_nobody_and_requests_run_in_arrival_ord
     async def scenario() -> None:
         app = Echo()
         app.hold.clear()
-        gw = GatewayMiddleware(
-            app,
-            Settings(
-                global_max_in_flight=1,
-                max_queue=1,
-                overflow_policy="block",
-                tenant_header="x-tenant",
-            ),
-        )
+        gw = one_seat_queue_of_one(app, "block")
         clients = [Client() for _ in range(4)]
         tasks = []
         for i, client in enumerate(clients):
@@ -411,15 +411,7 @@ def test_evicted_waiter_gets_503_evicted() -> None:
     async def scenario() -> None:
         app = Echo()
         app.hold.clear()
-        gw = GatewayMiddleware(
-            app,
-            Settings(
-                global_max_in_flight=1,
-                max_queue=1,
-                overflow_policy="drop-oldest",
-                tenant_header="x-tenant",
-            ),
-        )
+        gw = one_seat_queue_of_one(app, "drop-oldest")
         clients = [Client() for _ in range(3)]
         tasks = []
         for i, client in enumerate(clients):

@@ -125,6 +125,21 @@ def _placed_by_load(
     )
 
 
+def _placed_new(
+    key: int, log: PlacementLog, counts: dict[str, int], sent: dict[str, int]
+) -> str | None:
+    """Where ``key`` goes given what ``log`` placed, the in-flight ``counts`` and when each
+    upstream was last sent a request (``sent``, absent for never)."""
+    return place(
+        key,
+        CANDIDATES,
+        bound=1.25,
+        blocks=log.blocks,
+        in_flight=counts.__getitem__,
+        last_sent=lambda u: sent.get(u, 0),
+    )
+
+
 def test_back_to_back_new_prefixes_are_spread_as_round_robin_spreads_them() -> None:
     """A burst of new prefixes with nothing finishing: every four consecutive placements
     cover the four upstreams, so no prefill queues behind another sent a moment before."""
@@ -134,14 +149,7 @@ def test_back_to_back_new_prefixes_are_spread_as_round_robin_spreads_them() -> N
     chosen = []
     for i in range(400):
         key = stable_hash(f"burst prompt {i}")
-        upstream = place(
-            key,
-            CANDIDATES,
-            bound=1.25,
-            blocks=log.blocks,
-            in_flight=counts.__getitem__,
-            last_sent=lambda u: sent.get(u, 0),
-        )
+        upstream = _placed_new(key, log, counts, sent)
         assert upstream is not None
         log.record(key, upstream, 32)
         counts[upstream] += 1
@@ -162,14 +170,7 @@ def test_prefix_free_traffic_stays_within_one_request_of_the_least_loaded() -> N
     elsewhere: list[int] = []
     for i in range(2000):
         key = stable_hash(f"uniform prompt {i}")
-        chosen = place(
-            key,
-            CANDIDATES,
-            bound=1.25,
-            blocks=log.blocks,
-            in_flight=counts.__getitem__,
-            last_sent=lambda u: sent.get(u, 0),
-        )
+        chosen = _placed_new(key, log, counts, sent)
         assert chosen is not None
         if counts[chosen] > min(counts.values()) + 1:
             elsewhere.append(i)
