@@ -22,8 +22,6 @@ A request without the tenant header belongs to its bearer API key (a hash of it)
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -32,66 +30,30 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from examples.pretend_model import WORD_S, Chat, InvalidChat
 from gateway import GatewayMiddleware
-
-#: the seconds the "model" takes per word of its answer
-WORD_S = 0.05
-WORDS = ("Seats", "are", "handed", "out", "fairly", "between", "tenants.")
 
 
 async def chat_completions(request: Request) -> Response:
     try:
-        body = await request.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-        return _invalid('the body must be a JSON object with a "messages" list', "messages")
-    length = body.get("max_tokens", len(WORDS))
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        return _invalid("max_tokens must be a whole number of at least 1", "max_tokens")
-    answer = [WORDS[i % len(WORDS)] for i in range(length)]
+        chat = Chat.parse_bytes(await request.body())
+    except InvalidChat as exc:
+        return JSONResponse(exc.document(), status_code=400)
     admitted: Mapping[str, Any] = request.state.obleth  # set by the gateway
     headers = {
         "x-obleth-tenant": str(admitted["tenant"]),
         "x-obleth-waited-ms": f"{admitted['waited_s'] * 1000:.0f}",
     }
-    created = int(time.time())
-    if body.get("stream"):
-        return StreamingResponse(
-            _stream(answer, created), media_type="text/event-stream", headers=headers
-        )
-    await asyncio.sleep(WORD_S * len(answer))
-    message = {"role": "assistant", "content": " ".join(answer)}
-    return JSONResponse(
-        {
-            "id": f"chatcmpl-{created}",
-            "object": "chat.completion",
-            "created": created,
-            "model": "example",
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-        },
-        headers=headers,
-    )
+    if chat.stream:
+        return StreamingResponse(_written(chat), media_type="text/event-stream", headers=headers)
+    await asyncio.sleep(chat.seconds)
+    return JSONResponse(chat.completion(), headers=headers)
 
 
-async def _stream(answer: list[str], created: int) -> AsyncIterator[str]:
-    for index, word in enumerate(answer):
+async def _written(chat: Chat) -> AsyncIterator[str]:
+    for event in chat.events():
         await asyncio.sleep(WORD_S)
-        delta = {"content": word if index == 0 else " " + word}
-        chunk = {
-            "id": f"chatcmpl-{created}",
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": "example",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
-        }
-        yield f"data: {json.dumps(chunk)}\n\n"
-    yield "data: [DONE]\n\n"
-
-
-def _invalid(message: str, param: str) -> Response:
-    error = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
-    return JSONResponse({"error": error}, status_code=400)
+        yield event
 
 
 async def healthz(request: Request) -> Response:

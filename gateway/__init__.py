@@ -5,6 +5,8 @@ The public surface; everything a user or plugin author imports comes from here.
 
 from __future__ import annotations
 
+import importlib.metadata
+
 from gateway.asgi import GatewayMiddleware
 from gateway.core.tickets import Priority, Ticket
 from gateway.errors import (
@@ -31,6 +33,17 @@ from gateway.routing.request import RouteRequest
 from gateway.routing.router import Decision
 from gateway.routing.upstreams import Upstream
 from gateway.settings import Settings
+
+
+def _installed_version() -> str:
+    try:
+        return importlib.metadata.version("obleth")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
+
+__version__ = _installed_version()
+"""The version of the ``obleth`` distribution this package was installed from."""
 
 __all__ = [
     "BadRequest",

@@ -1,7 +1,8 @@
 """The effective limit: the minimum of every selected capacity provider.
 
 This is the one place that defines capacity; the scheduler, status and metrics all read
-it here. It is read on every admission decision, so a provider's new value counts at once.
+it here. A provider without ``subscribe()`` is read on every admission decision; one with
+it is read when it calls back, and that value holds until its next call.
 """
 
 from __future__ import annotations

@@ -315,3 +315,14 @@ def _retrieved(attempt: asyncio.Task[None]) -> None:
     """Marks a start attempt's error as seen: its callers may all have gone (cancelled)."""
     if not attempt.cancelled():
         attempt.exception()
+
+
+def given(settings: Settings | None, gateway: Gateway | None, plugins: Iterable[object]) -> Gateway:
+    """The gateway a middleware was handed (``gateway=``), or one assembled from
+    ``settings=`` (else the ``OBLETH_*`` environment) and ``plugins=``; a ``TypeError`` for
+    both at once. Raises what assembly raises (``ConfigError``, ``PluginError``)."""
+    if gateway is not None:
+        if settings is not None or plugins:
+            raise TypeError("pass either gateway= or settings=/plugins=, not both")
+        return gateway
+    return Gateway(settings, plugins=plugins)

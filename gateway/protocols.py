@@ -23,12 +23,14 @@ if TYPE_CHECKING:
 class CapacityProvider(Protocol):
     """Says how many requests may be in flight.
 
-    ``max_in_flight()`` is called on every admission decision: it must answer from memory,
-    at once, without I/O. A provider whose value depends on the outside world (backend
-    metrics, a control plane) refreshes it in a background task started by an optional
-    ``async start()`` and ended by ``async stop()``. A provider whose value can change
-    also offers ``subscribe(callback)`` and calls ``callback()`` after each change, so that
-    a raised limit admits waiters at once rather than at the next release.
+    ``max_in_flight()`` must answer from memory, at once, without I/O: without
+    ``subscribe()`` it is called on every admission decision. A provider whose value
+    depends on the outside world (backend metrics, a control plane) refreshes it in a
+    background task started by an optional ``async start()`` and ended by
+    ``async stop()``. A provider whose value can change offers ``subscribe(callback)`` and
+    calls ``callback()`` (on the gateway's event loop) after each change: it is then read
+    once per call, and that value holds until the next, so a raised limit admits waiters
+    at once and a change it does not announce is never seen.
     Several providers combine by minimum.
     """
 

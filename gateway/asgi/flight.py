@@ -92,7 +92,7 @@ class Flight:
         scope = self.scope
         payload = None
         try:
-            if plan.reads_body and _has_json_body(scope):
+            if plan.reads_body and has_json_body(scope):
                 self.body = RequestBody(self.receive, plan.max_body)
                 payload = await self.body.read()
             if plan.header_ticket is not None:
@@ -358,7 +358,7 @@ def _expects_continue(scope: Scope) -> bool:
     return False
 
 
-def _has_json_body(scope: Scope) -> bool:
+def has_json_body(scope: Scope) -> bool:
     """JSON bodies are read for classifiers and the router; anything else streams to the app."""
     if scope["method"] not in _BODY_METHODS:
         return False

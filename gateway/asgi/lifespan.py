@@ -3,6 +3,7 @@ runs and stops after the app's own shutdown completes."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from gateway.gateway import Gateway
@@ -10,25 +11,30 @@ from gateway.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("obleth")
 
+STARTUP_FAILURE = 3
+"""The exit status of a process whose app could not start, as uvicorn and gunicorn set it."""
+
 
 async def run_lifespan(
     gateway: Gateway, app: ASGIApp, scope: Scope, receive: Receive, send: Send
 ) -> None:
     """Pass lifespan to ``app``, starting and stopping ``gateway`` around it.
 
-    If the gateway cannot start, the server is told ``lifespan.startup.failed`` with the
-    error (which names the setting or plugin at fault), so it reports it and does not
-    serve; the app's own startup does not run then. If the app's startup fails, the
-    gateway is stopped again. An app that does not speak lifespan still works: the
-    gateway has started by the time the app is called.
+    If the gateway cannot start, the error (which names the setting or plugin at fault) is
+    logged on one line and the server is told ``lifespan.startup.failed`` with it, so it
+    reports it and does not serve; the app's own startup does not run then. A server that
+    answers that message by raising into the app (hypercorn) ends here instead, with
+    ``SystemExit(3)``: its own exception would end the process with a traceback of ours
+    that buries the line. If the app's startup fails, the gateway is stopped again. An app
+    that does not speak lifespan (it raises or returns without answering startup) is
+    answered for: startup completes with the gateway started, and shutdown stops it.
     """
     first = await receive()
     if first["type"] == "lifespan.startup":
         try:
             await gateway.start()
         except Exception as exc:
-            log.error("the gateway could not start: %s", exc)
-            await send({"type": "lifespan.startup.failed", "message": str(exc)})
+            await _fail_startup(send, exc)
             return
     pending: Message | None = first
 
@@ -39,7 +45,11 @@ async def run_lifespan(
             return message
         return await receive()
 
+    answered = False
+
     async def send_stopping_gateway(message: Message) -> None:
+        nonlocal answered
+        answered = True
         if message["type"] in (
             "lifespan.startup.failed",
             "lifespan.shutdown.complete",
@@ -48,4 +58,46 @@ async def run_lifespan(
             await gateway.stop()
         await send(message)
 
-    await app(scope, receive_after_startup, send_stopping_gateway)
+    try:
+        await app(scope, receive_after_startup, send_stopping_gateway)
+    except Exception as exc:
+        if answered or first["type"] != "lifespan.startup":
+            raise
+        log.debug("the app does not speak lifespan (%r); the gateway answers it alone", exc)
+    if not answered and first["type"] == "lifespan.startup":
+        await _answer_alone(gateway, receive, send)
+
+
+async def _answer_alone(gateway: Gateway, receive: Receive, send: Send) -> None:
+    """Lifespan for an app that does not speak it (Django's ASGI handler raises on it): the
+    gateway, started already, says startup is complete, and stops at shutdown. Otherwise
+    the server would take lifespan for unsupported and never tell the gateway to stop."""
+    await send({"type": "lifespan.startup.complete"})
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.shutdown":
+            await gateway.stop()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _fail_startup(send: Send, error: Exception) -> None:
+    """Report ``error`` and tell the server that startup failed; if the server raises at
+    that (hypercorn's ``LifespanFailureError``), end the process quietly with status 3,
+    as uvicorn and gunicorn end one whose app failed to start."""
+    message = str(error)
+    log.error("the gateway could not start: %s", message)
+    try:
+        await send({"type": "lifespan.startup.failed", "message": message})
+    except Exception:
+        task = asyncio.current_task()
+        if task is not None:
+            # SystemExit leaves the event loop at once, before anyone can ask this task
+            # for it; asyncio would then print it as "never retrieved", with a traceback
+            task.add_done_callback(_retrieve)
+        raise SystemExit(STARTUP_FAILURE) from None
+
+
+def _retrieve(task: asyncio.Task[object]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -18,14 +18,11 @@ from gateway.asgi.flight import Flight, answer_not_started
 from gateway.asgi.lifespan import run_lifespan
 from gateway.asgi.plan import FlightPlan
 from gateway.complaints import Complaints
-from gateway.core.memo import Memo
+from gateway.core.exemptions import ExemptPaths
 from gateway.errors import OblethError
-from gateway.gateway import Gateway
+from gateway.gateway import Gateway, given
 from gateway.settings import Settings
 from gateway.types import ASGIApp, Receive, Scope, Send
-
-#: How many distinct paths the middleware remembers the exemption of before it starts over.
-_PATHS_KEPT = 1024
 
 
 class GatewayMiddleware:
@@ -36,9 +33,11 @@ class GatewayMiddleware:
     errors are raised here, when the middleware is built, not on a request; except when it
     is built while the event loop already runs, as Starlette builds its middleware on the
     first lifespan event: then the error fails the server's startup through lifespan
-    (``lifespan.startup.failed``, with the message), since an exception there would let a
-    server with ``lifespan="auto"`` serve without the gateway; and, for a server without
-    lifespan, every request that is not exempt is answered 503 ``gateway_not_started``.
+    (``lifespan.startup.failed``, with the message; ``run_lifespan`` says how it ends the
+    process under a server that raises at that, as hypercorn does), since an exception
+    there would let a server with ``lifespan="auto"`` serve without the gateway; and, for
+    a server without lifespan, every request that is not exempt is answered 503
+    ``gateway_not_started``.
 
     What the app can rely on: ``scope["state"]["obleth"]``, a read-only mapping, holds
     ``tenant``, ``priority`` and ``waited_s`` of the admitted request; the body it
@@ -56,14 +55,12 @@ class GatewayMiddleware:
         gateway: Gateway | None = None,
         plugins: Iterable[object] = (),
     ) -> None:
-        if gateway is not None and (settings is not None or plugins):
-            raise TypeError("pass either gateway= or settings=/plugins=, not both")
         self.app = app
         self._complaints = Complaints()
         #: what every request shares; None while the gateway could not be assembled
         self._plan: FlightPlan | None = None
         try:
-            self.gateway = gateway if gateway is not None else Gateway(settings, plugins=plugins)
+            self.gateway = given(settings, gateway, plugins)
         except OblethError as exc:
             if not _loop_running():
                 raise
@@ -73,10 +70,7 @@ class GatewayMiddleware:
         self._plan = FlightPlan(app, self.gateway, self._complaints)
 
     def _exempt_paths(self, paths: tuple[str, ...]) -> None:
-        self._exempt = frozenset(paths)
-        self._exempt_prefixes = tuple(path + "/" for path in paths if path != "/")
-        #: whether each recently seen path is exempt: one dict lookup per request
-        self._exempt_by_path: Memo[str, bool] = Memo(_PATHS_KEPT)
+        self._exempt = ExemptPaths(paths)
 
     def _fail_at_start(self, error: OblethError, settings: Settings | None) -> None:
         """Serve as a gateway that cannot start: lifespan reports ``error`` to the server,
@@ -94,28 +88,13 @@ class GatewayMiddleware:
             else:
                 await self.app(scope, receive, send)
             return
-        exempt = self._exempt_by_path.get(scope["path"])
-        if exempt is None:
-            exempt = self._learn_exempt(scope["path"])
-        if exempt:
+        if self._exempt.covers(scope["path"]):
             await self.app(scope, receive, send)
         elif self._plan is not None:
             await Flight(self._plan, scope, receive, send).run()
         else:
             error = cast(_Unassembled, self.gateway).error
             await answer_not_started(send, error, self._complaints, self._retry_after_s)
-
-    def _learn_exempt(self, path: str) -> bool:
-        """Whether ``path`` is exempt. A path with a ``.`` or ``..`` segment never is: the
-        app or an upstream may resolve ``/healthz/../v1/completions`` to a path that is not
-        exempt, and admission must not be skipped for it."""
-        segments = path.split("/")
-        exempt = (
-            (path in self._exempt or path.startswith(self._exempt_prefixes))
-            and "." not in segments
-            and ".." not in segments
-        )
-        return self._exempt_by_path.keep(path, exempt)
 
 
 class _Unassembled:

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from gateway.admin.contract import CAPACITY_PATH
+from gateway.cli.defaults import DefaultsShown
 from gateway.settings import ENV_PREFIX
 
 #: where the admin API listens unless told otherwise (``obleth serve --admin-port``)
@@ -26,10 +27,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Read (get) or change (set N) the limit of a running gateway through its "
         f"admin API. The token is --token or ${TOKEN_VARIABLE}. In cluster mode any pod "
         "changes the limit of the whole pool. 0 pauses admissions.",
+        formatter_class=DefaultsShown,
     )
     parser.add_argument("action", choices=["get", "set"], help="get the limit, or set it")
     parser.add_argument("limit", nargs="?", type=int, help="the new limit, for set")
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"the admin API (default {DEFAULT_URL})")
+    parser.add_argument("--url", default=DEFAULT_URL, help="the admin API")
     parser.add_argument("--token", help=f"the admin token (default: ${TOKEN_VARIABLE})")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for it")
     parser.set_defaults(run=run)

@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 
+from gateway.cli.defaults import DefaultsShown
 from gateway.demo.run import DemoOptions, run_demo
 from gateway.demo.tenants import parse_tenants
 from gateway.errors import ConfigError
@@ -30,32 +31,35 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "critical and some background requests), show a live table, and end with each "
         "tenant's share of seats against its weighted fair share and the highest "
         "concurrency the backend itself saw. Finishes by itself.",
+        formatter_class=DefaultsShown,
     )
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds of load (20)")
-    parser.add_argument("--limit", type=int, default=16, help="global_max_in_flight (16)")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of load")
+    parser.add_argument("--limit", type=int, default=16, help="global_max_in_flight")
     parser.add_argument(
         "--policy",
         default="block",
-        help="overflow policy: block (the default; waits, for room when the queue is full), "
+        help="overflow policy: block (waits in the queue, or for room in it when it is full), "
         "drop-newest (queue_full when the queue is full), drop-oldest (evicts the heaviest "
         "tenant's oldest waiter), reject (never waits: over_capacity), or a plugin's policy",
     )
     parser.add_argument(
         "--tenants",
         default="gold:4,silver:2,bronze:1",
-        help="name:weight list (gold:4,silver:2,bronze:1)",
+        help="the tenants, as a name:weight list",
     )
-    parser.add_argument("--flood", default=None, help="the tenant that floods (the last one)")
     parser.add_argument(
-        "--queue-timeout", type=float, default=5.0, help="queue_timeout_s in seconds (5)"
+        "--flood", default=None, help="the tenant that floods (default: the last one)"
+    )
+    parser.add_argument(
+        "--queue-timeout", type=float, default=5.0, help="queue_timeout_s in seconds"
     )
     parser.add_argument(
         "--max-queue",
         type=int,
         default=None,
-        help=f"max_queue, the most requests waiting in the queue at once (the setting's "
-        f"default, {Settings.max_queue}, which this load never fills; try 24 to see block, "
-        "drop-newest and drop-oldest differ)",
+        help="max_queue, the most requests waiting in the queue at once; try 24 to see "
+        "block, drop-newest and drop-oldest differ (default: the setting's, "
+        f"{Settings.max_queue}, which this load never fills)",
     )
     parser.set_defaults(run=run)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import uvicorn
 
+from gateway.cli.defaults import DefaultsShown
 from gateway.cli.server_flags import add_server_flags
 from gateway.errors import ConfigError
 from gateway.sim import SimConfig, create_app
@@ -37,7 +38,18 @@ _KNOBS = (
     _Knob("block_size_tokens", "--block-size-tokens", int, "tokens per KV-cache block"),
     _Knob("chars_per_token", "--chars-per-token", int, "prompt characters per token"),
     _Knob("prefix_cache_blocks", "--prefix-cache-blocks", int, "prefix cache capacity, 0 disables"),
-    _Knob("kv_cache_blocks", "--kv-cache-blocks", int, "KV cache size for the usage gauge"),
+    _Knob(
+        "kv_cache_blocks",
+        "--kv-cache-blocks",
+        int,
+        "KV cache blocks: new requests wait for room, a full cache preempts",
+    ),
+    _Knob(
+        "max_num_batched_tokens",
+        "--max-num-batched-tokens",
+        int,
+        "tokens per step shared by decodes and prefill chunks, for chunked prefill (default: off)",
+    ),
     _Knob(
         "prefill_s_per_token",
         "--prefill-ms-per-token",
@@ -71,7 +83,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Serve a simulated vLLM-like backend: continuous batching, a prefix cache, "
             "OpenAI completions and chat endpoints, vLLM metrics. See docs/sim.md."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsShown,
     )
     add_server_flags(parser, port=8001)
     for knob in _KNOBS:

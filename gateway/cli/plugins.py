@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from gateway.cli.defaults import DefaultsShown
 from gateway.plugins import Plugins
 from gateway.settings import Settings
 
@@ -18,6 +19,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="List every plugin (built-in and installed through the 'obleth' entry "
         "point group) with its distribution, version and what it provides. A plugin that "
         "fails to load is reported by name, with its distribution.",
+        formatter_class=DefaultsShown,
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)

@@ -16,14 +16,16 @@ import uvicorn
 
 from gateway.admin.api import admin_app
 from gateway.admin.health import HEALTH_PATH, METRICS_PATH, READY_PATH, Probes
+from gateway.asgi.lifespan import STARTUP_FAILURE
 from gateway.asgi.middleware import GatewayMiddleware
+from gateway.cli.defaults import DefaultsShown, of_setting
 from gateway.cli.server_flags import add_server_flags, tcp_port, worker_count
 from gateway.errors import ConfigError, OblethError
 from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
 from gateway.proxy.models import ModelCatalog, ModelList
 from gateway.server import BodyTimeout, bounded_protocol
-from gateway.server.workers import STARTUP_FAILURE, Workers, listening_socket, worker_sockets
+from gateway.server.workers import Workers, listening_socket, worker_sockets
 from gateway.settings import Settings
 from gateway.telemetry.instruments import watch
 from gateway.telemetry.sdk import PrometheusExport, install_prometheus_export, install_tracing
@@ -42,14 +44,14 @@ _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         "--scorers",
         "routing_scorers",
         str,
-        'weighted scorers, e.g. "prefix-affinity:5,queue-depth:1"',
+        "the weighted policy's scorers, name:weight pairs",
     ),
-    ("--max-in-flight", "global_max_in_flight", int, "requests in flight at most (all upstreams)"),
+    ("--max-in-flight", "global_max_in_flight", int, "requests in flight at most, all upstreams"),
     (
         "--overflow-policy",
         "overflow_policy",
         str,
-        "block, drop-newest, drop-oldest or reject (see docs/configuration.md)",
+        "block, drop-newest, drop-oldest, reject or a plugin's policy",
     ),
     ("--redis-url", "redis_url", str, "share the budget and in-flight counts with other pods"),
     ("--pool", "pool", str, "name of the shared budget in Redis"),
@@ -69,38 +71,40 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             f"{HEALTH_PATH} (alive), {READY_PATH} (an upstream is healthy and the queue is "
             f"below 80 % of its bound) and {METRICS_PATH} (Prometheus text) itself."
         ),
+        formatter_class=DefaultsShown,
     )
     parser.add_argument(
         "--upstream",
         action="append",
-        default=[],
         metavar="URL",
         help="an inference server's base URL, optionally URL=model|model; repeat for more "
-        "(default: OBLETH_UPSTREAMS)",
+        + of_setting("upstreams"),
     )
     add_server_flags(parser, port=8000)
     parser.add_argument(
         "--admin-port",
         type=tcp_port,
         default=ADMIN_PORT,
-        help=f"port of the admin API (default {ADMIN_PORT}), on the same interface; served "
-        "only when OBLETH_ADMIN_TOKEN is set",
+        help="port of the admin API, on the same interface; served only when "
+        "OBLETH_ADMIN_TOKEN is set",
     )
     parser.add_argument(
         "--workers",
         type=worker_count,
         default=1,
         metavar="N",
-        help="processes serving the gateway, on the same ports (default 1); more than one "
-        "needs --redis-url (or OBLETH_REDIS_URL), so that all of them share one budget",
+        help="processes serving the gateway, on the same ports; more than one needs "
+        "--redis-url (or OBLETH_REDIS_URL), so that all of them share one budget",
     )
-    for flag, _, kind, help_text in _FLAGS:
-        parser.add_argument(flag, type=kind, default=None, help=help_text)
+    for flag, setting, kind, help_text in _FLAGS:
+        parser.add_argument(
+            flag, type=kind, default=None, help=f"{help_text} {of_setting(setting)}"
+        )
     parser.add_argument(
         "--upstream-header",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="add X-Obleth-Upstream to every response",
+        help="add X-Obleth-Upstream to every response " + of_setting("upstream_header"),
     )
     parser.set_defaults(run=run)
 

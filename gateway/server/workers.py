@@ -51,10 +51,10 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
 
+from gateway.asgi.lifespan import STARTUP_FAILURE
+
 log = logging.getLogger("obleth.serve")
 
-STARTUP_FAILURE = 3
-"""The exit status of a uvicorn server whose app failed to start (``uvicorn.config``)."""
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _spawn = multiprocessing.get_context("spawn")

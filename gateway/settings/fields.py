@@ -36,7 +36,7 @@ class Settings(Declared):
     capacity_providers: tuple[str, ...] = setting(
         ("static",),
         doc="Capacity providers by name, comma-separated in the environment. The effective "
-        "limit is the minimum of them all, read on every admission decision.",
+        "limit is the minimum of them all.",
         parse=parsers.env_list,
         check=checks.check_providers,
     )

@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.sim.engine import SimEngine
 from gateway.sim.generation import EngineStopped, Generation
+from gateway.sim.kvcache import PromptTooLong
 from gateway.sim.stats import Outcome, SimStats
 from gateway.sim.wire import (
     CompletionRequest,
@@ -87,7 +88,12 @@ class CompletionEndpoint:
         except InvalidRequest as exc:
             await _send_json(send, 400, error_body(exc.message, param=exc.param))
             return
-        generation = self._engine.submit(request.prompt_text, request.max_tokens)
+        try:
+            generation = self._engine.submit(request.prompt_text, request.max_tokens)
+        except PromptTooLong as exc:
+            param = "prompt" if request.endpoint == "completions" else "messages"
+            await _send_json(send, 400, error_body(str(exc), param=param))
+            return
         try:
             # the request stops counting the moment the disconnect is seen, with its slot
             # in the engine: no later than the client's side can hand its seat on

@@ -52,18 +52,26 @@ class SimConfig:
     0 disables prefix caching."""
 
     kv_cache_blocks: int = 8192
-    """Size of the KV cache, in blocks; only the denominator of `vllm:kv_cache_usage_perc`
-    (admission is limited by `max_num_seqs`, never by KV space)."""
+    """Size of the KV cache, in blocks of `block_size_tokens` tokens. A waiting request
+    is admitted only when its prompt's blocks are free; a running sequence that needs a
+    block when none is free preempts the newest running sequence. A prompt longer than
+    the whole cache is refused, and generation stops when one sequence fills it."""
+
+    max_num_batched_tokens: int | None = None
+    """Tokens computed per step at most, shared by decodes (one per running sequence)
+    and prefill chunks: a longer prompt is prefilled over several steps (chunked
+    prefill). None turns chunked prefill off: every prompt is prefilled in one step.
+    Must be >= `max_num_seqs`, as vLLM requires, so every running sequence can decode."""
 
     prefill_s_per_token: float = 0.0002
-    """Seconds added to a step per prompt token that misses the prefix cache, for every
-    sequence admitted in that step."""
+    """Seconds added to a step per prompt token it computes that missed the prefix cache
+    (a recompute after a preemption and each prefill chunk included)."""
 
     step_s: float = 0.010
-    """Seconds of the base decode step; every running sequence emits one token per step."""
+    """Seconds of the base decode step; a decoding sequence emits one token per step."""
 
     step_s_per_seq: float = 0.0002
-    """Seconds added to a step per sequence running in it (batch size cost)."""
+    """Seconds added to a step per sequence computing in it (batch size cost)."""
 
     default_max_tokens: int = 16
     """Completion tokens generated when a request sets no `max_tokens`."""
@@ -80,3 +88,14 @@ class SimConfig:
                     raise ConfigError(field.name, value, f"must be an integer >= {minimum}")
             elif field.name in _DURATIONS and (not finite(value) or value < 0):
                 raise ConfigError(field.name, value, "must be a finite number of seconds >= 0")
+        budget = self.max_num_batched_tokens
+        if budget is not None and (
+            not isinstance(budget, int) or isinstance(budget, bool) or budget < self.max_num_seqs
+        ):
+            raise ConfigError(
+                "max_num_batched_tokens",
+                budget,
+                f"must be an integer >= max_num_seqs ({self.max_num_seqs}), so that every "
+                "running sequence can decode in each step; leave it unset (None) for no "
+                "chunked prefill",
+            )

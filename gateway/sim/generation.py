@@ -47,6 +47,7 @@ class Generation:
         self._state: GenerationState = "waiting"
         self._cached_prompt_tokens = 0
         self._completion_tokens = 0
+        self._preemptions = 0
         self._submitted_at = now
         self._admitted_at: float | None = None
         self._first_token_at: float | None = None
@@ -92,13 +93,18 @@ class Generation:
         return self._completion_tokens
 
     @property
+    def preemptions(self) -> int:
+        """Times the engine preempted it (its KV freed, its prefill recomputed later)."""
+        return self._preemptions
+
+    @property
     def submitted_at(self) -> float:
         """Loop time of `submit()`."""
         return self._submitted_at
 
     @property
     def admitted_at(self) -> float | None:
-        """Loop time the request left the waiting queue for a batch slot."""
+        """Loop time the request first left the waiting queue for a batch slot."""
         return self._admitted_at
 
     @property
@@ -113,7 +119,7 @@ class Generation:
 
     @property
     def queued_s(self) -> float | None:
-        """Seconds spent waiting for a batch slot; None while still waiting."""
+        """Seconds spent waiting for the first admission; None until admitted."""
         if self._admitted_at is None:
             return None
         return self._admitted_at - self._submitted_at
@@ -167,10 +173,20 @@ class Generation:
     # Transitions. Only the SimEngine that made this generation calls them.
 
     def mark_admitted(self, now: float, cached_tokens: int) -> None:
-        """The request got a batch slot; `cached_tokens` of its prompt hit the cache."""
+        """The request got a batch slot; `cached_tokens` of its prompt hit the cache.
+
+        A re-admission after a preemption changes only the state: `admitted_at` and
+        `cached_prompt_tokens` keep their first values, as vLLM's usage does."""
         self._state = "running"
-        self._admitted_at = now
-        self._cached_prompt_tokens = cached_tokens
+        if self._admitted_at is None:
+            self._admitted_at = now
+            self._cached_prompt_tokens = cached_tokens
+
+    def mark_preempted(self) -> None:
+        """The engine took the request out of the batch to free KV blocks; it waits
+        again, first in line, and keeps the tokens it already produced."""
+        self._state = "waiting"
+        self._preemptions += 1
 
     def emit(self, token: str, now: float) -> None:
         """The step that produced `token` ended."""

@@ -40,6 +40,12 @@ _METRICS: tuple[tuple[str, str, str, str], ...] = (
         "prefix_cache_hit_tokens",
     ),
     (
+        "vllm:num_preemptions_total",
+        "counter",
+        "Running sequences preempted to free KV-cache blocks, recomputed when re-admitted.",
+        "preemptions",
+    ),
+    (
         "obleth_sim_concurrency",
         "gauge",
         "Requests inside a completion endpoint of the simulator (ground truth).",

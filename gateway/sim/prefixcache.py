@@ -35,22 +35,25 @@ class PrefixCache:
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self._blocks
 
-    def lookup_and_insert(self, block_hashes: Sequence[bytes]) -> int:
-        """Count the leading blocks already cached, then cache all of them.
-
-        Returns how many of `block_hashes`, counted from the first, were cached before the
-        call, stopping at the first miss. Afterwards every block of the prompt is cached
-        and most recently used, except that when the prompt alone exceeds the capacity
-        only its first `capacity_blocks` blocks are kept; older blocks are evicted least
-        recently used first. Never holds more than `capacity_blocks` blocks.
-        """
-        if self._capacity_blocks == 0:
-            return 0
+    def hits(self, block_hashes: Sequence[bytes]) -> int:
+        """How many of `block_hashes`, counted from the first, are cached, up to the first
+        miss. Reads only: recency is unchanged."""
         hits = 0
         for block_hash in block_hashes:
             if block_hash not in self._blocks:
                 break
             hits += 1
+        return hits
+
+    def insert(self, block_hashes: Sequence[bytes]) -> None:
+        """Cache every block of `block_hashes` as most recently used.
+
+        When the blocks alone exceed the capacity, only the first `capacity_blocks` are
+        kept; older blocks are evicted least recently used first. Never holds more than
+        `capacity_blocks` blocks.
+        """
+        if self._capacity_blocks == 0:
+            return
         # Touch the blocks last-to-first so the head of the prompt is the most recently
         # used: under pressure the tail is evicted before the head. Evicting the head first
         # would make every later block of the chain unreachable while it still took space;
@@ -60,7 +63,17 @@ class PrefixCache:
             self._blocks.move_to_end(block_hash)
         while len(self._blocks) > self._capacity_blocks:
             self._blocks.popitem(last=False)
+
+    def lookup_and_insert(self, block_hashes: Sequence[bytes]) -> int:
+        """`hits()` then `insert()`: the leading blocks cached before the call."""
+        hits = self.hits(block_hashes)
+        self.insert(block_hashes)
         return hits
+
+    def discard(self, block_hashes: Sequence[bytes]) -> None:
+        """Forget these blocks (their KV memory was handed to other sequences)."""
+        for block_hash in block_hashes:
+            self._blocks.pop(block_hash, None)
 
     def clear(self) -> None:
         """Forget every block, as after a server restart."""

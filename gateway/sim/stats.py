@@ -31,15 +31,18 @@ class SimSnapshot:
     running: int
     """Engine: sequences in the batch."""
     waiting: int
-    """Engine: requests queued for a batch slot."""
+    """Engine: requests waiting for admission (a batch slot, KV blocks)."""
     kv_cache_usage: float
-    """Engine: fraction 0..1 of the KV cache held by running sequences."""
+    """Engine: fraction 0..1 of the KV cache's blocks held by running sequences."""
     prefix_cache_query_tokens: int
     """Engine: prompt tokens looked up in the prefix cache."""
     prefix_cache_hit_tokens: int
     """Engine: prompt tokens found there."""
     requests_finished: int
     """Engine: generations that produced all their tokens."""
+    preemptions: int = 0
+    """Engine: running sequences sent back to the waiting queue to free KV blocks. (A
+    default, so that snapshots written by hand before it existed still build.)"""
 
     def as_dict(self) -> dict[str, int | float]:
         """The snapshot as a JSON-ready dict."""
@@ -108,6 +111,7 @@ class SimStats:
             prefix_cache_query_tokens=engine.prefix_cache_query_tokens,
             prefix_cache_hit_tokens=engine.prefix_cache_hit_tokens,
             requests_finished=engine.requests_finished,
+            preemptions=engine.preemptions,
         )
 
     def reset(self) -> None:

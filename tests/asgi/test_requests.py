@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import time
@@ -22,7 +23,7 @@ from gateway import Classification, GatewayMiddleware, Settings, Ticket, hookimp
 from gateway.asgi.body import WATCH_BYTES
 from gateway.builtin.classifier import tenant_of_key
 from gateway.loopback import serve_in_task
-from gateway.types import Message, Receive, Scope, Send
+from gateway.types import ASGIApp, Message, Receive, Scope, Send
 from tests.asgi.conftest import Client, http_scope
 
 
@@ -568,10 +569,18 @@ def test_lifespan_is_wrapped_so_the_apps_own_startup_still_runs() -> None:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    assert lifespan_of(app) == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert events == ["lifespan.startup", "lifespan.shutdown"]
+
+
+def lifespan_of(app: ASGIApp) -> list[str]:
+    """What a server hears from ``app`` behind the middleware over a lifespan of startup
+    then shutdown; checks that the gateway runs from startup's completion to shutdown."""
+    outbox: list[str] = []
+
     async def scenario() -> None:
         gw = GatewayMiddleware(app, Settings())
         inbox = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
-        outbox: list[str] = []
 
         async def receive() -> Message:
             return inbox.pop(0)
@@ -582,11 +591,22 @@ def test_lifespan_is_wrapped_so_the_apps_own_startup_still_runs() -> None:
                 assert gw.gateway.started
 
         await gw({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
-        assert events == ["lifespan.startup", "lifespan.shutdown"]
-        assert outbox == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
         assert not gw.gateway.started
 
     run(scenario)
+    return outbox
+
+
+@pytest.mark.parametrize("how", ["raises", "returns"])
+def test_an_app_that_does_not_speak_lifespan_is_answered_for(how: str) -> None:
+    """Django's ASGI handler raises on a lifespan scope: the middleware completes startup
+    itself, with the gateway started, and stops the gateway at shutdown."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" and how == "raises":
+            raise ValueError("only HTTP connections")
+
+    assert lifespan_of(app) == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
 
 
 class FailingStart:
@@ -729,6 +749,50 @@ def test_a_real_server_does_not_serve_when_the_gateway_cannot_start() -> None:
         run(scenario)
     assert exit_.value.code == 3
     assert not server.started and not gw.gateway.started
+
+
+def test_a_server_that_raises_at_a_failed_startup_ends_the_process_with_status_3(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """hypercorn answers ``lifespan.startup.failed`` by raising into the app, which would
+    end its worker with a traceback: the gateway ends the process with ``SystemExit(3)``
+    instead, the error logged on one line, and asyncio reports no exception left behind."""
+
+    class Refused(Exception):
+        pass
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("the app must not run")
+
+    gw, _ = failing_to_start(app)
+
+    async def scenario() -> None:
+        async def receive() -> Message:
+            return {"type": "lifespan.startup"}
+
+        async def send(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                raise Refused(message["message"])
+
+        # in a task of its own, as hypercorn runs lifespan; SystemExit leaves the loop
+        # from there at once, so the sleep never ends
+        lifespan = {"type": "lifespan", "asgi": {"version": "3.0"}}
+        started = asyncio.create_task(gw(lifespan, receive, send))
+        await asyncio.sleep(10)
+        started.cancel()
+
+    gc.collect()  # what earlier tests left behind is reported now, and not counted
+    caplog.clear()
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as exit_:
+        run(scenario)
+    status = exit_.value.code
+    del exit_  # its traceback holds on to the task
+    gc.collect()  # a task whose exception nobody retrieved is reported when collected
+    assert status == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        "the gateway could not start: plugin 'FailingStart-0': capacity provider 'down' "
+        "failed to start: control plane unreachable"
+    ]
 
 
 def starlette_app_with_gateway(started: list[str]) -> Starlette:

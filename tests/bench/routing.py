@@ -68,6 +68,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the tests helpers and the gateway package, from this checkout
 
 import httpx  # noqa: E402
+from harness import HOST  # noqa: E402
+from peers import PEERS, start_peer  # noqa: E402
 
 from tests.cluster.pods import ServePod, SimBackend  # noqa: E402
 from tests.redis_procs import RedisServer  # noqa: E402
@@ -299,6 +301,18 @@ def _counters(backend: SimBackend) -> tuple[float, float]:
     return values["vllm:prefix_cache_hits_total"], values["vllm:prefix_cache_queries_total"]
 
 
+def fleet(stack: ExitStack) -> list[SimBackend]:
+    """The ``BACKENDS`` simulated backends with the ``SIM`` timing, ready, stopped with
+    ``stack``."""
+    extra = [f"--{k.replace('_', '-')}={v}" for k, v in SIM.items()]
+    backends = [
+        stack.enter_context(SimBackend(name=f"sim{i}", extra_args=extra)) for i in range(BACKENDS)
+    ]
+    for backend in backends:
+        backend.wait_ready()
+    return backends
+
+
 def run_one(
     backends: list[SimBackend],
     redis_url: str | None,
@@ -315,19 +329,24 @@ def run_one(
     requests = WORKLOADS[workload](random.Random(seed), count)
     for backend in backends:
         backend.reset()
-    args = [*PROFILES[profile], "--max-in-flight", "4096", "--seed", str(seed)]
-    if pods > 1:
-        assert redis_url is not None
-        args += ["--redis-url", redis_url, "--pool", f"bench-{workload}-{pods}-{seed}"]
     result = Result(workload, profile, pods, rate, load)
     with ExitStack() as stack:
-        gateways = [
-            stack.enter_context(ServePod([b.url for b in backends], args=args, name=f"pod{i}"))
-            for i in range(pods)
-        ]
-        for gateway in gateways:
-            gateway.wait_ready()
-        urls = [g.url for g in gateways]
+        if profile in PEERS:  # another router, as peers.py runs it: one process
+            peer = start_peer(profile, [b.url for b in backends])
+            stack.callback(peer.stop)
+            urls = [f"http://{HOST}:{peer.port}"]
+        else:
+            args = [*PROFILES[profile], "--max-in-flight", "4096", "--seed", str(seed)]
+            if pods > 1:
+                assert redis_url is not None
+                args += ["--redis-url", redis_url, "--pool", f"bench-{workload}-{pods}-{seed}"]
+            gateways = [
+                stack.enter_context(ServePod([b.url for b in backends], args=args, name=f"pod{i}"))
+                for i in range(pods)
+            ]
+            for gateway in gateways:
+                gateway.wait_ready()
+            urls = [g.url for g in gateways]
         warm = round(len(requests) * warmup)
         # the warm-up fills the caches as any running service has them; it is not measured
         asyncio.run(
@@ -433,13 +452,7 @@ def main() -> None:
     profiles = args.profiles.split("|") if "|" in args.profiles else list(PROFILES)
     results: list[Result] = []
     with ExitStack() as stack:
-        backends = []
-        for i in range(BACKENDS):
-            extra = [f"--{k.replace('_', '-')}={v}" for k, v in SIM.items()]
-            backend = stack.enter_context(SimBackend(name=f"sim{i}", extra_args=extra))
-            backends.append(backend)
-        for backend in backends:
-            backend.wait_ready()
+        backends = fleet(stack)
         redis_url = None
         if max(pod_counts) > 1:
             redis = stack.enter_context(RedisServer())

@@ -1,8 +1,9 @@
 """Plugins installed with pip are found through the ``obleth`` entry-point group.
 
-Each distribution under ``tests/plugin_dists`` is installed once per session into its own
-directory; the CLI and the gateway then run in subprocesses whose ``PYTHONPATH`` holds
-that directory, so discovery goes through ``importlib.metadata`` as in production.
+Each plugin distribution (the example Obleth ships under ``plugins/``, the broken ones
+under ``tests/plugin_dists``) is installed once per session into its own directory; the
+CLI and the gateway then run in subprocesses whose ``PYTHONPATH`` holds that directory,
+so discovery goes through ``importlib.metadata`` as in production.
 """
 
 from __future__ import annotations
@@ -20,16 +21,21 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+#: the distributions that exist only to fail in front of the tests
 DISTS = REPO / "tests" / "plugin_dists"
+#: the example plugin Obleth ships, the worked example of docs/plugins.md
+EXAMPLE = REPO / "plugins" / "obleth-example-capacity"
 
 
-def _install(dist: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _install(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Build and install ``dist`` with pip into a fresh directory; return the directory."""
-    work = tmp_path_factory.mktemp(dist)
+    work = tmp_path_factory.mktemp(dist.name)
     source = work / "source"
     # setuptools builds in the source tree (build/, *.egg-info): build a copy instead.
     shutil.copytree(
-        DISTS / dist, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+        dist,
+        source,
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache"),
     )
     target = work / "site"
     command = [
@@ -56,19 +62,19 @@ def _install(dist: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def example_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where obleth-example-capacity is installed."""
-    return _install("obleth-example-capacity", tmp_path_factory)
+    return _install(EXAMPLE, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where obleth-broken-plugin is installed, apart so that other tests never see it."""
-    return _install("obleth-broken-plugin", tmp_path_factory)
+    return _install(DISTS / "obleth-broken-plugin", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def misspelled_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where obleth-misspelled-hook is installed, apart as well."""
-    return _install("obleth-misspelled-hook", tmp_path_factory)
+    return _install(DISTS / "obleth-misspelled-hook", tmp_path_factory)
 
 
 def _python(

@@ -277,6 +277,7 @@ async def test_metrics_use_vllm_names_and_parse_as_prometheus_text(
         "vllm:prefix_cache_queries_total": "counter",
         "vllm:prefix_cache_hits_total": "counter",
         "vllm:request_success_total": "counter",
+        "vllm:num_preemptions_total": "counter",
         "obleth_sim_concurrency": "gauge",
         "obleth_sim_max_concurrency": "gauge",
     }
@@ -359,6 +360,64 @@ async def test_x_sim_fail_answers_the_requested_status_without_generating(
     assert response.json()["error"]["type"] == "server_error"
     current = await stats(client)
     assert (current["failed"], current["prefix_cache_query_tokens"]) == (1, 0)
+
+
+# 8 blocks of 4 one-character tokens: a 32-token KV cache. 10 ms steps leave two
+# requests sent together 160 ms to overlap in the batch before the first fills the cache.
+SMALL_KV = SimConfig(
+    step_s=0.01,
+    step_s_per_seq=0.0,
+    prefill_s_per_token=0.0,
+    chars_per_token=1,
+    block_size_tokens=4,
+    kv_cache_blocks=8,
+)
+
+
+@pytest.fixture
+async def small_kv() -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a fresh simulator whose KV cache holds 32 tokens."""
+    async with (
+        serve_in_task(create_app(SMALL_KV)) as running,
+        httpx.AsyncClient(base_url=running.url, trust_env=False, timeout=10.0) as client,
+    ):
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "x" * 33}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 20}]}, "messages"),
+    ],
+)
+async def test_a_prompt_larger_than_the_kv_cache_gets_a_400_naming_the_setting(
+    small_kv: httpx.AsyncClient, path: str, body: dict[str, Any], param: str
+) -> None:
+    """A prompt that could never be admitted is refused at once, as vLLM refuses one over
+    max_model_len, and the error says which setting to raise."""
+    response = await small_kv.post(path, json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert "KV cache holds at most 32 tokens" in error["message"]
+    assert "--kv-cache-blocks" in error["message"]
+    current = await stats(small_kv)
+    assert (current["failed"], current["waiting"], current["concurrency"]) == (1, 0, 0)
+
+
+async def test_requests_preempted_for_kv_still_complete_and_the_metrics_count_it(
+    small_kv: httpx.AsyncClient,
+) -> None:
+    """Two requests that outgrow the KV cache together both get all their tokens; the
+    preemption shows in /sim/stats and as vllm:num_preemptions_total."""
+    body = {"prompt": "y" * 8, "max_tokens": 25}  # 8 + 25 - 1 tokens: the whole cache
+    responses = await asyncio.gather(*(small_kv.post("/v1/completions", json=body) for _ in "ab"))
+    assert [r.json()["usage"]["completion_tokens"] for r in responses] == [25, 25]
+    assert (await stats(small_kv))["preemptions"] >= 1
+    _, samples = parse_prometheus((await small_kv.get("/metrics")).text)
+    assert samples["vllm:num_preemptions_total"][1] >= 1
+    assert samples["vllm:kv_cache_usage_perc"][1] == 0
 
 
 async def test_engine_starts_on_first_request_when_lifespan_does_not_run() -> None:

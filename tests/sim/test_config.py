@@ -19,6 +19,12 @@ def test_defaults_describe_a_small_gpu_server() -> None:
     assert config.prefill_s_per_token == pytest.approx(0.0002)
 
 
+def test_chunked_prefill_is_off_unless_a_token_budget_is_set() -> None:
+    """max_num_batched_tokens defaults to None; any budget >= max_num_seqs is accepted."""
+    assert SimConfig().max_num_batched_tokens is None
+    assert SimConfig(max_num_seqs=4, max_num_batched_tokens=4).max_num_batched_tokens == 4
+
+
 def test_zero_prefix_cache_blocks_is_allowed_to_disable_caching() -> None:
     """A cache-less baseline is a valid configuration."""
     assert SimConfig(prefix_cache_blocks=0).prefix_cache_blocks == 0
@@ -42,6 +48,9 @@ def test_zero_prefix_cache_blocks_is_allowed_to_disable_caching() -> None:
         ("prefill_s_per_token", math.nan),
         ("step_s", 10**400),
         ("prefill_s_per_token", "0.1"),
+        ("max_num_batched_tokens", 0),
+        ("max_num_batched_tokens", 31),
+        ("max_num_batched_tokens", 64.0),
     ],
 )
 def test_bad_values_raise_config_error_naming_the_setting(setting: str, value: object) -> None:

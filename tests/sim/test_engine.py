@@ -1,4 +1,4 @@
-"""SimEngine: batching limit, FIFO admission, prefix-cache timing, withdrawal, KV usage."""
+"""SimEngine: batching limit, FIFO admission, prefix-cache timing, withdrawal, KV limits."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from gateway.sim import SimConfig, SimEngine
 from gateway.sim.generation import EngineStopped, Generation
+from gateway.sim.kvcache import PromptTooLong
 
 pytestmark = pytest.mark.anyio
 
@@ -153,19 +154,41 @@ async def test_leaving_async_with_withdraws_the_request() -> None:
 
 
 async def test_kv_cache_usage_counts_blocks_held_by_running_sequences() -> None:
-    """Usage is the running sequences' prompt+output blocks over kv_cache_blocks, capped at 1."""
+    """Usage is the blocks held by running sequences over kv_cache_blocks, 0 once they leave."""
     settings = {"chars_per_token": 1, "block_size_tokens": 16, "kv_cache_blocks": 10}
     async with running_engine(step_s=0.01, **settings) as engine:
         generation = engine.submit("p" * 32, max_tokens=1000)
         await anext(generation)
+        # the next step is already running: it holds blocks for the prompt and every
+        # token generated so far (the last one's KV is what it computes)
         held = math.ceil((32 + generation.completion_tokens) / 16)
         assert engine.stats().kv_cache_usage == pytest.approx(held / 10)
-        big = engine.submit("p" * 1000, max_tokens=1000)
-        await anext(big)
-        assert engine.stats().kv_cache_usage == 1.0
         generation.cancel()
-        big.cancel()
         assert engine.stats().kv_cache_usage == 0.0
+
+
+async def test_preempted_generations_still_stream_exactly_their_tokens() -> None:
+    """Out of KV, the engine preempts the newest request; its client sees no gap in the
+    stream, only a later finish, and the preemption is counted."""
+    settings = {"chars_per_token": 1, "block_size_tokens": 4, "kv_cache_blocks": 8}
+    async with running_engine(**settings) as engine:
+        old = engine.submit("o" * 12, max_tokens=16)
+        new = engine.submit("n" * 12, max_tokens=8)
+        tokens = await asyncio.gather(drain(old), drain(new))
+        assert [len(t) for t in tokens] == [16, 8]
+        assert (old.preemptions, new.preemptions) == (0, 1)
+        assert new.finished_at is not None and old.finished_at is not None
+        assert new.finished_at > old.finished_at
+        assert engine.stats().preemptions == 1
+        assert engine.stats().kv_cache_usage == 0.0
+
+
+async def test_a_prompt_larger_than_the_kv_cache_is_refused_at_submit() -> None:
+    """submit() raises PromptTooLong at once instead of queueing a request that can't run."""
+    async with running_engine(chars_per_token=1, block_size_tokens=4, kv_cache_blocks=2) as engine:
+        with pytest.raises(PromptTooLong):
+            engine.submit("x" * 9)
+        assert (engine.running, engine.waiting) == (0, 0)
 
 
 async def test_stop_ends_unfinished_generations_with_engine_stopped() -> None:

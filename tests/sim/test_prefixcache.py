@@ -76,6 +76,26 @@ def test_zero_capacity_disables_the_cache() -> None:
     assert len(cache) == 0
 
 
+def test_looking_up_does_not_make_blocks_recent() -> None:
+    """hits() only reads: a request that is looked at but not admitted protects nothing."""
+    cache = PrefixCache(capacity_blocks=4)
+    cache.insert(_blocks("ab"))
+    cache.insert(_blocks("cd"))
+    assert cache.hits(_blocks("ab")) == 2
+    cache.insert(_blocks("ef"))
+    assert cache.hits(_blocks("ab")) == 0
+    assert cache.hits(_blocks("cd")) == 2
+
+
+def test_discarded_blocks_miss_and_cut_the_chain_behind_them() -> None:
+    """A preempted sequence's blocks leave the cache; a prefix hit stops at the first gap."""
+    cache = PrefixCache(capacity_blocks=8)
+    cache.insert(_blocks("abcd"))
+    cache.discard(_blocks("c"))
+    assert cache.hits(_blocks("abcd")) == 2
+    assert len(cache) == 3
+
+
 def test_clear_forgets_every_block() -> None:
     """A cleared cache behaves like a new one."""
     cache = PrefixCache(capacity_blocks=8)

@@ -1,0 +1,99 @@
+"""``LoopThread``: the event loop a WSGI app's gateway runs on, in a thread of its own.
+
+The gateway's core is asynchronous: the scheduler's queue, Redis calls, heartbeats, the
+upstream poller. Under a WSGI server the requests arrive on the server's worker threads
+instead, so the gateway gets one event loop of its own per process, and the worker
+threads hand it their requests (``submit``).
+
+The loop starts at its first use in each process, not when the app is built: a server
+that imports the app before it forks its workers (gunicorn ``--preload``) gives each
+worker a loop of its own, as a thread does not survive ``fork()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+log = logging.getLogger("obleth")
+
+T = TypeVar("T")
+
+#: How long ``close()`` waits for the gateway to stop (its leases given back in Redis).
+STOP_S = 5.0
+
+
+class LoopThread:
+    """An asyncio event loop on a daemon thread, one per process, started on first use."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        #: the process the loop runs in: after a fork, the child starts one of its own
+        self._pid = 0
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop of this process, started if it is not yet."""
+        loop = self._loop
+        if loop is not None and self._pid == os.getpid():
+            return loop
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():
+                self._start()
+            assert self._loop is not None
+            return self._loop
+
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coroutine`` on the loop; its outcome arrives in the returned future."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop())
+
+    def close(self, last: Callable[[], Awaitable[object]] | None = None) -> None:
+        """Run ``last`` on the loop (waiting up to ``STOP_S``), then stop the loop and its
+        thread. Nothing happens when the loop never started in this process; a later
+        ``loop()`` starts a new one."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            if loop is None or thread is None or self._pid != os.getpid():
+                return
+            self._loop = self._thread = None
+        if last is not None:
+
+            async def finish() -> None:
+                await last()
+
+            try:
+                asyncio.run_coroutine_threadsafe(finish(), loop).result(STOP_S)
+            except Exception as exc:
+                log.error("the gateway did not stop cleanly: %r", exc)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(STOP_S)
+
+    def _start(self) -> None:
+        loop = asyncio.new_event_loop()
+        running = threading.Event()
+        thread = threading.Thread(target=_run, args=(loop, running), name=self._name, daemon=True)
+        thread.start()
+        running.wait()
+        self._loop, self._thread, self._pid = loop, thread, os.getpid()
+
+
+def _run(loop: asyncio.AbstractEventLoop, running: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(running.set)
+    try:
+        loop.run_forever()
+    finally:
+        # requests still on the loop end now: their worker threads are answered
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.close()

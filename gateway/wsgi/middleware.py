@@ -1,0 +1,131 @@
+"""``WSGIGatewayMiddleware``: admission control in front of a WSGI app (Flask, Django,
+anything PEP 3333), on the same core as the ASGI middleware.
+
+Each request that is not exempt goes through the same ``Flight`` an ASGI request goes
+through, run on the gateway's event loop (``loopthread.py``) while the server's worker
+thread waits for its turn (``passage.py``). So the two middlewares share one scheduler,
+one fair queue, the classifier plugins, the router, the tallies and the spans; in cluster
+mode, one budget in Redis with every other pod, ASGI or WSGI.
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from collections.abc import Iterable
+from typing import Any
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
+from gateway.asgi.flight import has_json_body
+from gateway.asgi.plan import FlightPlan
+from gateway.complaints import Complaints
+from gateway.core.exemptions import ExemptPaths
+from gateway.gateway import Gateway, given
+from gateway.settings import Settings
+from gateway.wsgi.environ import read_body_ahead, scope_of
+from gateway.wsgi.loopthread import LoopThread
+from gateway.wsgi.passage import Held, Passage, run_app
+
+#: where the app finds the gateway's record of its request
+ENVIRON_KEY = "obleth"
+
+
+class WSGIGatewayMiddleware:
+    """Admission control for a WSGI app: ``app.wsgi_app = WSGIGatewayMiddleware(app.wsgi_app)``
+    (Flask), or around ``get_wsgi_application()`` (Django).
+
+    Settings come from ``OBLETH_*`` variables unless ``settings=`` (or a ready
+    ``gateway=``) is given. A bad setting or a broken plugin raises here, when the app is
+    built: the server fails to load the app, with the message naming the setting.
+
+    What the app can rely on:
+
+    - ``environ["obleth"]`` is the same read-only record an ASGI app finds in
+      ``scope["state"]["obleth"]``: ``tenant``, ``priority``, ``waited_s``, and with
+      upstreams ``upstream``, ``scores`` and ``route``.
+    - The request's seats are held until the server closes the response iterable (PEP
+      3333 says it must, after the last chunk or when the client goes away), so a
+      streamed response holds its seat until its last chunk is sent; they are given
+      back exactly once, also when the app raises.
+    - The body it reads is the one the client sent, byte for byte (a JSON body is read
+      ahead, bounded by ``max_body_bytes``, for classification and routing).
+    - Rejections are the ASGI middleware's: 503/429 with ``Retry-After`` and an
+      OpenAI-style JSON body; 400/413 for a body the gateway cannot read.
+
+    The gateway starts at the first request of each process, on an event loop thread of
+    its own (WSGI has no startup event); ``start()`` starts it earlier, for instance in
+    gunicorn's ``post_worker_init`` hook. It stops when the process exits, or at
+    ``close()``. While a request waits for a seat it holds its worker thread: give the
+    server more threads than ``global_max_in_flight`` if waiting requests should not
+    block exempt ones. A client that leaves while its request waits is not noticed (WSGI
+    does not tell); its request is admitted, and ends as soon as the app writes to it.
+    """
+
+    def __init__(
+        self,
+        app: WSGIApplication,
+        settings: Settings | None = None,
+        *,
+        gateway: Gateway | None = None,
+        plugins: Iterable[object] = (),
+    ) -> None:
+        self.app = app
+        self.gateway = given(settings, gateway, plugins)
+        self._exempt = ExemptPaths(self.gateway.settings.exempt_paths)
+        self._plan = FlightPlan(run_app, self.gateway, Complaints())
+        self._loop = LoopThread("obleth-gateway")
+        self._names_upstream = bool(self.gateway.settings.upstream_header)
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
+        if self._exempt.covers(path):
+            return self.app(environ, start_response)
+        plan = self._plan
+        scope = scope_of(environ)
+        ahead = None
+        if plan.reads_body and has_json_body(scope):
+            ahead = read_body_ahead(environ, plan.max_body)
+        loop = self._loop.loop()
+        passage = Passage(loop)
+        self._loop.submit(passage.fly(plan, scope, ahead))
+        answer = passage.verdict.result()
+        if answer is not None:
+            return answer.write(start_response)
+        record = scope["state"]["obleth"]
+        environ[ENVIRON_KEY] = record
+        if self._names_upstream and "upstream" in record:
+            start_response = _naming(start_response, record["route"])
+        try:
+            result = self.app(environ, start_response)
+        except BaseException as exc:
+            passage.finish("failed", exc)
+            raise
+        return Held(result, passage)
+
+    def start(self) -> None:
+        """Start the gateway in this process now rather than at its first request;
+        raises what stops it from starting (a ``PluginError``, Redis unreachable with
+        ``redis_failure_mode=closed``, ...)."""
+        self._loop.submit(self.gateway.start()).result()
+
+    def close(self) -> None:
+        """Stop the gateway (waiters still queued are answered 503, leases in Redis are
+        given back) and its loop. A later request starts them again."""
+        self._loop.close(self.gateway.stop)
+
+
+def _naming(start_response: StartResponse, route: Any) -> StartResponse:
+    """``start_response`` adding ``x-obleth-upstream``: the upstream that answered."""
+
+    def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        headers = [*headers, ("x-obleth-upstream", route.upstream)]
+        return start_response(status, headers, exc_info)
+
+    return start
+
+
+def _close_at_exit(ref: weakref.ref[WSGIGatewayMiddleware]) -> None:
+    middleware = ref()
+    if middleware is not None:
+        middleware.close()

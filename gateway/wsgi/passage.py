@@ -1,0 +1,200 @@
+"""``Passage``: one WSGI request handed between its worker thread and the gateway's loop.
+
+The request goes through the same ``Flight`` as an ASGI request (classification,
+admission, routing, the tallies, the spans, the release of its seats), on the gateway's
+loop. Its "app" there is ``hand_over``: called once the request is admitted, it tells the
+worker thread to run the WSGI app, and returns when the thread says the response is over
+(its iterable closed). The flight's ``finally`` then gives the seats back, exactly once.
+A request the gateway answers itself (503, 429, 400, 413) comes back to the thread as a
+complete ``Answer`` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import http
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from wsgiref.types import StartResponse
+
+from gateway.asgi.flight import Flight
+from gateway.asgi.plan import FlightPlan
+from gateway.types import Message, Scope
+
+log = logging.getLogger("obleth")
+
+#: where a flight's ``hand_over`` finds its passage in the scope
+PASSAGE = "obleth.wsgi.passage"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A complete response the gateway gave itself."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+    def write(self, start_response: StartResponse) -> list[bytes]:
+        try:
+            phrase = http.HTTPStatus(self.status).phrase
+        except ValueError:
+            phrase = ""
+        headers = [
+            (name.decode("latin-1"), value.decode("latin-1")) for name, value in self.headers
+        ]
+        start_response(f"{self.status} {phrase}", headers)
+        return [self.body]
+
+
+#: a flight that ended without an answer nor an admission: the gateway stopped under it
+STOPPED = Answer(
+    503,
+    [(b"content-type", b"application/json"), (b"retry-after", b"1")],
+    b'{"error": {"message": "the gateway stopped while the request waited", '
+    b'"type": "server_overloaded", "param": null, "code": "unavailable"}}',
+)
+
+
+class AppFailed(Exception):
+    """The WSGI app raised (its worker thread re-raises the original to the server)."""
+
+
+class Passage:
+    """The meeting point of one request's worker thread and its flight on the loop.
+
+    ``verdict`` resolves once: to None when the request is admitted (the thread runs the
+    app, and must call ``finish`` exactly once afterwards), or to the ``Answer`` to send.
+    """
+
+    __slots__ = ("_done", "_head", "_loop", "_parts", "verdict")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.verdict: concurrent.futures.Future[Answer | None] = concurrent.futures.Future()
+        self._done: asyncio.Future[None] | None = None
+        self._head: Message | None = None
+        self._parts: list[bytes] = []
+
+    async def fly(self, plan: FlightPlan, scope: Scope, body: bytes | None) -> None:
+        """The request's flight, on the loop. ``body`` is what was read ahead of it
+        (complete, or one byte over the bound), None when it stays for the app."""
+        scope[PASSAGE] = self
+
+        async def receive() -> Message:
+            nonlocal body
+            if body is not None:
+                message = {"type": "http.request", "body": body, "more_body": False}
+                if len(body) > plan.max_body:
+                    message["more_body"] = True
+                body = None
+                return message
+            # WSGI does not tell when a client leaves: to the flight, it never does
+            await asyncio.get_running_loop().create_future()
+            raise AssertionError("unreachable")
+
+        try:
+            await Flight(plan, scope, receive, self._collect).run()
+        except (AppFailed, asyncio.CancelledError):
+            pass  # the worker thread knows
+        except BaseException as exc:
+            if not self.verdict.done():
+                self.verdict.set_exception(exc)
+            else:
+                log.exception("the gateway failed after the app ran")
+        finally:
+            if not self.verdict.done():
+                self.verdict.set_result(STOPPED)
+
+    async def _collect(self, message: Message) -> None:
+        """The flight's ``send``, for an answer the gateway gives itself."""
+        if message["type"] == "http.response.start":
+            self._head = message
+            return
+        self._parts.append(message.get("body", b""))
+        if not message.get("more_body", False) and self._head is not None:
+            answer = Answer(
+                self._head["status"], list(self._head.get("headers", ())), b"".join(self._parts)
+            )
+            self.verdict.set_result(answer)
+
+    async def hand_over(self) -> None:
+        """The flight's app: tell the worker thread to run the WSGI app, and wait until it
+        calls ``finish``."""
+        done = self._done = self._loop.create_future()
+        self.verdict.set_result(None)
+        await done
+
+    def finish(self, how: str, error: BaseException | None = None) -> None:
+        """From the worker thread, once: the response is over. ``how`` is ``"completed"``
+        (its iterable ran to the end and was closed), ``"cut"`` (closed early: the client
+        left or the server gave up) or ``"failed"`` (the app raised ``error``)."""
+        self._loop.call_soon_threadsafe(_settle, self._done, how, error)
+
+
+def _settle(done: asyncio.Future[None] | None, how: str, error: BaseException | None) -> None:
+    if done is None or done.done():
+        return
+    if how == "completed":
+        done.set_result(None)
+    elif how == "cut":
+        done.cancel()
+    else:
+        failure = AppFailed(repr(error))
+        done.set_exception(failure)
+
+
+async def run_app(scope: Scope, receive: Any, send: Any) -> None:
+    """The ASGI app of every WSGI flight: the passage of its request takes over."""
+    passage: Passage = scope[PASSAGE]
+    await passage.hand_over()
+
+
+class Held:
+    """The WSGI app's response iterable, holding the request's seats until the server
+    closes it (PEP 3333 says it must); a response dropped unclosed gives them back when
+    it is collected."""
+
+    __slots__ = ("__weakref__", "_ended", "_inner", "_iterator", "_passage")
+
+    def __init__(self, inner: Iterable[bytes], passage: Passage) -> None:
+        self._inner = inner
+        self._iterator: Iterator[bytes] | None = None
+        self._passage: Passage | None = passage
+        self._ended = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._iterator is None:
+            self._iterator = iter(self._inner)
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._ended = True
+            raise
+        except BaseException as exc:
+            self._end("failed", exc)
+            raise
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._inner, "close", None)
+            if close is not None:
+                close()
+        except BaseException as exc:
+            self._end("failed", exc)
+            raise
+        self._end("completed" if self._ended else "cut")
+
+    def _end(self, how: str, error: BaseException | None = None) -> None:
+        passage, self._passage = self._passage, None
+        if passage is not None:
+            passage.finish(how, error)
+
+    def __del__(self) -> None:
+        self._end("cut")

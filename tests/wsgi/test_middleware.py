@@ -1,0 +1,314 @@
+"""``WSGIGatewayMiddleware`` in front of a WSGI app served by a threaded server, called over
+HTTP: the limit counted at the app, rejections, queueing, seats held to the close of the
+response iterable and given back exactly once however the app ends, the body replayed
+byte for byte, and the record the app reads in ``environ["obleth"]``."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+from wsgiref.types import StartResponse, WSGIEnvironment
+
+import httpx
+import pytest
+
+from gateway import Classification, ConfigError, Settings, hookimpl
+from gateway.wsgi import WSGIGatewayMiddleware
+from tests.cluster.pods import SimBackend
+from tests.wsgi.serving import serving
+
+CHAT = "/v1/chat/completions"
+WAIT_S = 10.0
+
+
+class HeldApp:
+    """A WSGI app that counts the requests it serves at once and holds each until the test
+    lets it go (``release``); ``/healthz`` answers at once. It answers with what it saw:
+    the gateway's record and the body it read."""
+
+    def __init__(self, *, stream: bool = False, fail: str | None = None) -> None:
+        self.stream = stream
+        self.fail = fail  # "call": raise before answering; "iterate": in the middle
+        self._lock = threading.Lock()
+        self.now = 0
+        self.peak = 0
+        self.entered = threading.Semaphore(0)
+        self.release = threading.Event()
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if environ["PATH_INFO"] == "/healthz":
+            start_response("200 OK", [("content-type", "text/plain")])
+            return [b"ok"]
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length)
+        record = {key: value for key, value in environ["obleth"].items() if key != "route"}
+        seen = {"record": record, "body": body.decode("latin-1")}
+        self._enter()
+        if self.fail == "call":
+            self._leave()
+            raise RuntimeError("the app failed")
+        if not self.stream:
+            try:
+                self.release.wait(WAIT_S)
+            finally:
+                self._leave()
+            start_response("200 OK", [("content-type", "application/json")])
+            return [json.dumps(seen).encode()]
+        start_response("200 OK", [("content-type", "text/plain")])
+        return self._chunks(seen)
+
+    def _chunks(self, seen: dict[str, Any]) -> Iterator[bytes]:
+        try:
+            yield b"first\n"
+            self.release.wait(WAIT_S)
+            if self.fail == "iterate":
+                raise RuntimeError("the stream failed")
+            yield json.dumps(seen).encode()
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
+        with self._lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        self.entered.release()
+
+    def _leave(self) -> None:
+        with self._lock:
+            self.now -= 1
+
+    def wait_entered(self, count: int) -> None:
+        for _ in range(count):
+            assert self.entered.acquire(timeout=WAIT_S), "the app was never called"
+
+
+def gated(app: HeldApp, **settings: Any) -> WSGIGatewayMiddleware:
+    return WSGIGatewayMiddleware(app, settings=Settings(**settings))
+
+
+def post(url: str, **options: Any) -> httpx.Response:
+    if "content" not in options:
+        options.setdefault("json", {"messages": []})
+    return httpx.post(url + CHAT, trust_env=False, timeout=WAIT_S, **options)
+
+
+def outcomes(middleware: WSGIGatewayMiddleware) -> Counter[str]:
+    counted: Counter[str] = Counter()
+    for (_, _, outcome, reason), count in middleware.gateway.tallies.totals().items():
+        counted[f"{outcome}:{reason}" if reason else outcome] += count
+    return counted
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(8) as executor:
+        yield executor
+
+
+def test_the_limit_holds_at_the_app_and_a_request_past_it_gets_503_json(
+    pool: ThreadPoolExecutor,
+) -> None:
+    app = HeldApp()
+    middleware = gated(app, global_max_in_flight=2, overflow_policy="reject")
+    with serving(middleware) as url:
+        running = [pool.submit(post, url, headers={"x-tenant": "t"}) for _ in range(2)]
+        app.wait_entered(2)
+        past = post(url)
+        health = httpx.get(url + "/healthz", trust_env=False)
+        app.release.set()
+        answers = [future.result() for future in running]
+        after = post(url)
+    middleware.close()
+
+    assert past.status_code == 503 and past.headers["retry-after"] == "1"
+    assert past.headers["content-type"] == "application/json"
+    assert past.json()["error"]["code"] == "over_capacity"
+    assert health.status_code == 200  # exempt: never admission-controlled
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert after.status_code == 200
+    assert app.peak == 2
+    assert middleware.gateway.snapshot().inflight == 0
+    assert outcomes(middleware) == {"completed": 3, "rejected:over_capacity": 1}
+
+
+def test_a_request_waits_for_a_seat_and_the_app_reads_its_record(
+    pool: ThreadPoolExecutor,
+) -> None:
+    app = HeldApp()
+    middleware = gated(app, global_max_in_flight=1, tenant_header="x-tenant")
+    with serving(middleware) as url:
+        first = pool.submit(post, url, headers={"x-tenant": "gold"})
+        app.wait_entered(1)
+        queued = pool.submit(post, url, headers={"x-tenant": "free", "x-priority": "critical"})
+        wait_until(lambda: middleware.gateway.snapshot().queued == 1)
+        assert app.now == 1
+        app.release.set()
+        answers = [first.result(), queued.result()]
+    middleware.close()
+
+    records = [answer.json()["record"] for answer in answers]
+    assert [record["tenant"] for record in records] == ["gold", "free"]
+    assert records[0]["waited_s"] == 0.0 and records[1]["waited_s"] > 0
+    assert app.peak == 1
+
+
+def test_a_streamed_response_holds_its_seat_until_the_server_closes_it(
+    pool: ThreadPoolExecutor,
+) -> None:
+    app = HeldApp(stream=True)
+    middleware = gated(app, global_max_in_flight=1, overflow_policy="reject")
+
+    def stream(url: str) -> list[bytes]:
+        with httpx.stream("POST", url + CHAT, json={}, trust_env=False, timeout=WAIT_S) as answer:
+            return list(answer.iter_lines())
+
+    with serving(middleware) as url:
+        streaming = pool.submit(stream, url)
+        app.wait_entered(1)
+        during = post(url)
+        app.release.set()
+        lines = streaming.result()
+        wait_until(lambda: middleware.gateway.snapshot().inflight == 0)
+        after = pool.submit(stream, url)
+        app.wait_entered(1)
+        after_lines = after.result()
+    middleware.close()
+
+    assert during.status_code == 503
+    assert lines[0] == "first" and json.loads(lines[1])["record"]["tenant"] == "anonymous"
+    assert after_lines[0] == "first"
+    assert outcomes(middleware) == {"completed": 2, "rejected:over_capacity": 1}
+
+
+@pytest.mark.parametrize("where", ["call", "iterate"])
+def test_an_app_that_raises_gives_its_seat_back(where: str) -> None:
+    app = HeldApp(stream=where == "iterate", fail=where)
+    app.release.set()
+    middleware = gated(app, global_max_in_flight=1, overflow_policy="reject")
+    with serving(middleware) as url:
+        # the one seat comes back each time: never a 503
+        answers = [post(url) for _ in range(3)]
+        wait_until(lambda: middleware.gateway.snapshot().inflight == 0)
+    middleware.close()
+
+    if where == "call":
+        assert [answer.status_code for answer in answers] == [500] * 3
+    else:  # the server had sent the head: it cuts the body short
+        assert [answer.text for answer in answers] == ["first\n"] * 3
+    assert outcomes(middleware) == {"error": 3}
+
+
+def test_the_app_reads_the_body_the_client_sent_byte_for_byte() -> None:
+    """JSON is read ahead (for classifiers that take the body) and replayed; other bodies
+    stream to the app untouched."""
+    seen: list[bytes | None] = []
+
+    class BodyClassifier:
+        @hookimpl
+        def obleth_classify_request(self, body: bytes | None) -> Classification:
+            seen.append(body)
+            return Classification(tenant="by-body", priority="standard")
+
+    app = HeldApp()
+    app.release.set()
+    middleware = WSGIGatewayMiddleware(
+        app, settings=Settings(global_max_in_flight=4), plugins=[BodyClassifier()]
+    )
+    raw = '{"messages": [{"role": "user", "content": "hé ☃"}]}  '.encode()
+    form = b"a=1&b=" + b"x" * 100_000
+    with serving(middleware) as url:
+        json_answer = post(url, content=raw, headers={"content-type": "application/json"})
+        form_answer = post(
+            url, content=form, headers={"content-type": "application/x-www-form-urlencoded"}
+        )
+    middleware.close()
+
+    assert json_answer.json()["body"].encode("latin-1") == raw
+    assert json_answer.json()["record"]["tenant"] == "by-body"
+    assert form_answer.json()["body"].encode("latin-1") == form
+    assert seen == [raw, None]
+
+
+def test_a_json_body_over_the_bound_is_refused_413_before_the_app() -> None:
+    class BodyClassifier:
+        @hookimpl
+        def obleth_classify_request(self, body: bytes | None) -> None:
+            return None
+
+    app = HeldApp()
+    app.release.set()
+    middleware = WSGIGatewayMiddleware(
+        app, settings=Settings(max_body_bytes=1024), plugins=[BodyClassifier()]
+    )
+    with serving(middleware) as url:
+        answer = post(
+            url,
+            content=b"[" + b"1," * 1000 + b"1]",
+            headers={"content-type": "application/json; charset=utf-8"},
+        )
+    middleware.close()
+
+    assert answer.status_code == 413
+    assert "max_body_bytes" in answer.json()["error"]["message"]
+    assert app.peak == 0
+
+
+def test_close_answers_the_waiters_and_a_later_request_starts_the_gateway_again(
+    pool: ThreadPoolExecutor,
+) -> None:
+    app = HeldApp()
+    middleware = gated(app, global_max_in_flight=1)
+    with serving(middleware) as url:
+        first = pool.submit(post, url)
+        app.wait_entered(1)
+        waiting: Future[httpx.Response] = pool.submit(post, url)
+        wait_until(lambda: middleware.gateway.snapshot().queued == 1)
+        closing = pool.submit(middleware.close)
+        refused = waiting.result()
+        app.release.set()
+        closing.result()
+        first.result()
+        again = post(url)
+    middleware.close()
+
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "unavailable"
+    assert again.status_code == 200
+
+
+def test_a_bad_setting_stops_the_app_from_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OBLETH_OVERFLOW_POLICY", "nope")
+    with pytest.raises(ConfigError, match="OBLETH_OVERFLOW_POLICY='nope': no overflow policy"):
+        WSGIGatewayMiddleware(HeldApp())
+
+
+def test_with_upstreams_the_app_reads_the_routing_decision() -> None:
+    """The router chooses for a WSGI app as for an ASGI one: the record names the upstream
+    and why, and ``upstream_header`` names it in the response."""
+    app = HeldApp()
+    app.release.set()
+    with SimBackend() as first, SimBackend() as second:
+        upstreams = [first.url, second.url]
+        middleware = gated(
+            app, upstreams=upstreams, routing_scorers="queue-depth:1", upstream_header=True
+        )
+        with serving(middleware) as url:
+            answers = [post(url) for _ in range(4)]
+        middleware.close()
+
+    records = [answer.json()["record"] for answer in answers]
+    assert all(record["upstream"] in upstreams for record in records), records
+    assert all(set(record["scores"]["queue-depth"]) == set(upstreams) for record in records)
+    assert [a.headers["x-obleth-upstream"] for a in answers] == [r["upstream"] for r in records]
