@@ -3,17 +3,40 @@
 This is the one place that defines capacity; the scheduler, status and metrics all read
 it here. A provider without ``subscribe()`` is read on every admission decision; one with
 it is read when it calls back, and that value holds until its next call.
+
+Two kinds of provider, told apart by one rule (``is_computed``): a provider that can be
+set (``set_max_in_flight``, as the built-in ``static``) holds the operator's limit, the
+*ceiling*; every other provider is *computed* from what the gateway observes (the
+upstreams' readings, latencies). In process every provider answers for itself. In cluster
+mode the ceiling is the pool's, set from any pod, and a computed provider's value is the
+one the pod holding the pool's leader lease computed: each pod's ``Capacity`` then holds
+the computed providers as the pool sees them (``gateway.backends.redis.pool_capacity``),
+and the minimum is taken here as always.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from gateway.complaints import Complaints
 from gateway.protocols import CapacityProvider
 
 log = logging.getLogger("obleth.capacity")
+
+
+def is_computed(provider: object) -> bool:
+    """Whether ``provider``'s value is computed rather than set by the operator: true for
+    every provider except one that can be set (with ``set_max_in_flight``)."""
+    return getattr(provider, "set_max_in_flight", None) is None
+
+
+def ceiling_of(providers: Iterable[CapacityProvider], default: int) -> int:
+    """The operator's limit now: the value of the provider that can be set (the lowest,
+    should there be several), else ``default`` (``global_max_in_flight``). A computed
+    limit never needs to exceed it."""
+    values = [int(p.max_in_flight()) for p in providers if not is_computed(p)]
+    return min(values, default=default)
 
 
 class ProviderFailed(ValueError):

@@ -15,7 +15,7 @@ from opentelemetry.metrics import Histogram
 from opentelemetry.trace import Tracer
 
 from gateway.backends.memory import MemoryBackend
-from gateway.capacity import Capacity, ProviderFailed
+from gateway.capacity import Capacity, ProviderFailed, ceiling_of
 from gateway.core.placement import KEPT, PlacementLog
 from gateway.errors import PluginError
 from gateway.plugins import Plugins
@@ -31,6 +31,7 @@ from gateway.telemetry.tallies import AnswerTallies, RequestTallies
 from gateway.telemetry.tracing import active_tracer
 
 if TYPE_CHECKING:
+    from gateway.backends.redis.pool_capacity import PoolCapacity
     from gateway.routing.sharing import SharedRouting
 
 log = logging.getLogger("obleth")
@@ -84,21 +85,25 @@ class Gateway:
             name: self.plugins.origin_text("capacity provider", name) for name in self.providers
         }
         try:
-            for name, provider in self.providers.items():
-                use_readings = getattr(provider, "use_readings", None)
-                if use_readings is not None:
-                    try:
-                        use_readings(self.readings)
-                    except Exception as exc:
-                        raise ProviderFailed(name, f"use_readings() raised {exc!r}") from exc
-            self.capacity = Capacity(list(self.providers.items()), origins=origins)
+            self._hand_over(self.readings, self._ceiling)
+            #: in cluster mode, the providers as the pool sees them: the ceiling shared,
+            #: the computed ones answering the leader's values; None in process
+            self.pool_capacity = _pool_capacity(self.settings, self.providers)
+            listed = (
+                self.pool_capacity.listed()
+                if self.pool_capacity is not None
+                else list(self.providers.items())
+            )
+            self.capacity = Capacity(listed, origins=origins)
         except ProviderFailed as exc:
             plugin = self.plugins.plugin_of("capacity provider", exc.provider)
             raise PluginError(
                 plugin, str(exc), distribution=self.plugins.distribution_of(plugin)
             ) from exc
         self.policy: OverflowPolicy = self.plugins.shielded_policy(policy_name, policy)
-        self.backend: CounterBackend = _backend_for(self.settings, self.capacity, self.policy)
+        self.backend: CounterBackend = _backend_for(
+            self.settings, self.capacity, self.policy, self.pool_capacity
+        )
         self.capacity.subscribe(self.backend.limit_changed)
         self.scheduler = Scheduler(self.backend, self.settings)
         #: how requests ended (the request path counts, the metrics read)
@@ -122,6 +127,27 @@ class Gateway:
         self.started = False
         #: the start under way, which callers arriving meanwhile wait for
         self._attempt: asyncio.Task[None] | None = None
+
+    def _hand_over(self, readings: Readings, ceiling: Callable[[], int]) -> None:
+        """Give each capacity provider what it asks for with its optional methods:
+        ``use_readings(readings)``, the upstreams' latest load readings, and
+        ``use_ceiling(ceiling)``, a function answering the operator's limit now (the
+        ``static`` provider's, which ``PUT /api/v1/capacity`` sets), above which a
+        computed limit has no use. ``ProviderFailed`` names a provider whose method raised."""
+        for name, provider in self.providers.items():
+            for method, given in (("use_readings", readings), ("use_ceiling", ceiling)):
+                use = getattr(provider, method, None)
+                if use is None:
+                    continue
+                try:
+                    use(given)
+                except Exception as exc:
+                    raise ProviderFailed(name, f"{method}() raised {exc!r}") from exc
+
+    def _ceiling(self) -> int:
+        """The operator's limit now: the settable provider's value (``static``'s), else
+        ``global_max_in_flight``; in cluster mode the pool's (see ``PoolCapacity``)."""
+        return ceiling_of(self.providers.values(), self.settings.global_max_in_flight)
 
     def _check_scorer_names(self) -> None:
         """A typo in ``routing_scorers`` stops startup even while routing is off."""
@@ -263,8 +289,9 @@ class Gateway:
         ``set_max_in_flight``, as the built-in ``static`` has); raising it admits waiters
         at once. ``RuntimeError`` when no provider, or more than one, can be set.
 
-        In cluster mode the new value becomes the limit of the whole pool: every pod
-        enforces it from its next call to Redis (within one heartbeat).
+        In cluster mode the new value becomes the ceiling of the whole pool: the pool's
+        limit is the lowest of it and the computed providers' values, which every pod
+        enforces from its next call to Redis (within one heartbeat).
         """
         setters = {
             name: setter
@@ -285,10 +312,11 @@ class Gateway:
         return self.backend.snapshot()
 
     def provider_limits(self) -> dict[str, int | None]:
-        """Each capacity provider's own value now; None for one that fails to answer (the
-        gateway keeps its last good value, and the log names the provider)."""
+        """Each capacity provider's value now, as the limit uses it (in cluster mode a
+        computed provider's is the pool's, as this pod last heard it); None for one that
+        fails to answer (the gateway keeps its last good value, and the log names it)."""
         values: dict[str, int | None] = {}
-        for name, provider in self.providers.items():
+        for name, provider in self.capacity.providers.items():
             try:
                 values[name] = int(provider.max_in_flight())
             except Exception:
@@ -296,13 +324,30 @@ class Gateway:
         return values
 
 
-def _backend_for(settings: Settings, capacity: Capacity, policy: OverflowPolicy) -> CounterBackend:
+def _pool_capacity(
+    settings: Settings, providers: dict[str, CapacityProvider]
+) -> PoolCapacity | None:
+    """In cluster mode, the providers as the pool sees them; None in process."""
+    if settings.redis_url is None:
+        return None
+    from gateway.backends.redis.pool_capacity import PoolCapacity
+
+    return PoolCapacity(providers, default_ceiling=settings.global_max_in_flight)
+
+
+def _backend_for(
+    settings: Settings,
+    capacity: Capacity,
+    policy: OverflowPolicy,
+    pool_capacity: PoolCapacity | None,
+) -> CounterBackend:
     """In-process by default; the Redis backend when ``redis_url`` is set."""
     if settings.redis_url is None:
         return MemoryBackend(settings, capacity=capacity, policy=policy)
     from gateway.backends.redis import RedisBackend  # redis-py loads only in cluster mode
 
-    return RedisBackend(settings, limit=capacity.current, policy=policy)
+    assert pool_capacity is not None
+    return RedisBackend(settings, limit=capacity.current, capacity=pool_capacity, policy=policy)
 
 
 def _being_cancelled() -> bool:

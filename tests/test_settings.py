@@ -8,6 +8,7 @@ import pytest
 
 from gateway import ConfigError, Gateway, GatewayMiddleware, Settings
 from gateway.settings import setting_names
+from gateway.settings.environ import plugin_prefixes
 
 
 def test_defaults_are_usable() -> None:
@@ -122,6 +123,16 @@ def test_bad_environment_names_the_variable_value_and_fix(
         Settings.from_env(env)
     assert str(caught.value).startswith(named)
     assert hint in str(caught.value)
+
+
+def test_an_installed_plugins_own_variables_are_left_to_it() -> None:
+    """``OBLETH_<PLUGIN>_*`` belongs to the plugin of that name when it is installed (the
+    README's test command installs ``kv-pressure``); a near miss is still an error."""
+    assert "OBLETH_KV_PRESSURE_" in plugin_prefixes()
+    settings = Settings.from_env({"OBLETH_KV_PRESSURE_HIGH": "0.95", "OBLETH_MAX_QUEUE": "9"})
+    assert settings.max_queue == 9
+    with pytest.raises(ConfigError, match=r"OBLETH_KV_PRESURE_HIGH='0\.95': no such setting"):
+        Settings.from_env({"OBLETH_KV_PRESURE_HIGH": "0.95"})
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""The admin API's fixed facts, kept by ``api.py`` and documented by ``openapi.py``: the
-paths of its stateful endpoints and the bounds of what a capacity change may send."""
+"""The admin API's fixed facts, kept by ``api.py`` and ``status.py`` and documented by
+``openapi.py``: the paths of its stateful endpoints, the bounds of what a capacity change
+may send, and the words the status uses for where a computed limit comes from."""
 
 from __future__ import annotations
 
@@ -10,3 +11,8 @@ STATUS_PATH = "/api/v1/status"
 MAX_LIMIT = 1_000_000
 #: the largest request body read: a capacity change is a few bytes
 MAX_BODY_BYTES = 4096
+
+#: where the status says a computed provider's value comes from: the pool's (written to
+#: Redis by the pod holding the leader lease), or this process's own computation
+FROM_POOL = "pool"
+FROM_OWN = "own"

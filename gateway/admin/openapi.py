@@ -8,7 +8,14 @@ import importlib.metadata
 import json
 from typing import Any, get_args, get_type_hints
 
-from gateway.admin.contract import CAPACITY_PATH, MAX_BODY_BYTES, MAX_LIMIT, STATUS_PATH
+from gateway.admin.contract import (
+    CAPACITY_PATH,
+    FROM_OWN,
+    FROM_POOL,
+    MAX_BODY_BYTES,
+    MAX_LIMIT,
+    STATUS_PATH,
+)
 from gateway.admin.dashboard import DASHBOARD_PATH
 from gateway.core.tickets import PRIORITIES
 from gateway.routing.decisions import REROUTED, ROUTED
@@ -228,9 +235,37 @@ def _status() -> Schema:
     """What ``status.status()`` returns."""
     providers = {
         "type": "object",
-        "description": "Each capacity provider's own value, by name; null while it fails to "
-        "answer (the gateway keeps its last good one).",
+        "description": "Each capacity provider's value, by name, as the limit uses it (in "
+        "cluster mode a computed provider's is the pool's); null while it fails to answer "
+        "(the gateway keeps its last good one).",
         "additionalProperties": {"type": ["integer", "null"]},
+    }
+    computed = {
+        "type": "object",
+        "description": "Each computed capacity provider (every one that cannot be set), by "
+        "name: where the value in use comes from.",
+        "additionalProperties": _fixed(
+            {
+                "source": {
+                    "type": "string",
+                    "enum": [FROM_POOL, FROM_OWN],
+                    "description": "`pool`: the value the pod holding the leader lease wrote "
+                    "to Redis; `own`: this process computed it (in process, before the pod "
+                    "heard the pool's, or while Redis cannot be reached).",
+                },
+                "pod": {
+                    "type": ["string", "null"],
+                    "description": "The pod that computed it (as `cluster.pod` names pods); "
+                    "null in process.",
+                },
+                "at": {
+                    "type": ["number", "null"],
+                    "description": "When that pod last wrote it, in Unix time on Redis' clock; "
+                    "null for `own`.",
+                },
+            },
+            "Where one computed provider's value comes from.",
+        ),
     }
     by_class = {
         "type": "object",
@@ -265,6 +300,7 @@ def _status() -> Schema:
                 {
                     "max_in_flight": _integer("The limit in force.", minimum=0),
                     "providers": providers,
+                    "computed": computed,
                 },
                 "The limit and where it comes from.",
             ),
@@ -356,6 +392,13 @@ def _cluster() -> Schema:
     return _fixed(
         {
             "pool": {"type": "string", "description": "The pool's name."},
+            "pod": {"type": "string", "description": "This pod's id in the pool."},
+            "leader": {
+                "type": ["string", "null"],
+                "description": "The pod holding the leader lease, which computes the "
+                "computed capacity providers for the pool, as this pod last asked; null "
+                "when none holds it, or no computed provider is selected here.",
+            },
             "live_pods": _integer("Pods of the pool alive."),
             "mode": {
                 "type": "string",

@@ -8,6 +8,8 @@ import math
 import time
 from typing import Any
 
+from gateway.admin.contract import FROM_OWN, FROM_POOL
+from gateway.capacity import is_computed
 from gateway.gateway import Gateway
 from gateway.protocols import Snapshot
 from gateway.routing.decisions import REROUTED, ROUTED
@@ -24,6 +26,7 @@ def status(gateway: Gateway) -> dict[str, Any]:
         "capacity": {
             "max_in_flight": snapshot.limit,
             "providers": gateway.provider_limits(),
+            "computed": _computed(gateway),
         },
         "in_flight": snapshot.inflight,
         "queued": snapshot.queued,
@@ -35,6 +38,24 @@ def status(gateway: Gateway) -> dict[str, Any]:
         "cluster": _cluster(gateway),
         "started": gateway.started,
     }
+
+
+def _computed(gateway: Gateway) -> dict[str, Any]:
+    """Where each computed provider's value comes from: ``pool`` (the leader's, with the
+    pod that wrote it and when, on Redis' clock) or ``own`` (this process computed it: in
+    process, before the pod has heard the pool's, and while Redis cannot be reached)."""
+    pool = gateway.pool_capacity
+    here = getattr(gateway.backend, "pod", None)
+    found: dict[str, Any] = {}
+    for name, provider in gateway.providers.items():
+        if not is_computed(provider):
+            continue
+        entry = pool.in_use(name) if pool is not None else None
+        if entry is None:
+            found[name] = {"source": FROM_OWN, "pod": here, "at": None}
+        else:
+            found[name] = {"source": FROM_POOL, "pod": entry.pod, "at": entry.at_ms / 1000}
+    return found
 
 
 def _tenants(snapshot: Snapshot, shown: int) -> dict[str, Any]:
@@ -104,6 +125,8 @@ def _cluster(gateway: Gateway) -> dict[str, Any] | None:
     backend: Any = gateway.backend
     return {
         "pool": settings.pool,
+        "pod": backend.pod,
+        "leader": backend.leader,
         "live_pods": backend.live_pods,
         "mode": backend.mode,
         "degraded": backend.degraded_since is not None,

@@ -47,13 +47,15 @@ class Flight:
     What the caller may rely on: the seats (and the routing decision) are given back
     exactly once, at the response's last chunk or when the app returns, whichever comes
     first, however the app ends; a request refused or abandoned before the app runs holds
-    nothing.
+    nothing. When capacity providers follow time to first byte (``FlightPlan.first_byte``),
+    they are told the request's once, at its first body chunk (see ``_send_timed``).
     """
 
     __slots__ = (
         "body",
         "classification",
         "decision",
+        "handed",
         "permit",
         "plan",
         "receive",
@@ -128,7 +130,12 @@ class Flight:
             if self.span is not None:
                 self._admitted_span()
             body = self.body
-            await plan.app(scope, self.receive if body is None else body.replay, self._send)
+            send = self._send
+            if plan.first_byte is not None:
+                # the hand-over time, None once fed; a flight without a feed never sets it
+                self.handed: float | None = time.monotonic()
+                send = self._send_timed
+            await plan.app(scope, self.receive if body is None else body.replay, send)
             # a response whose seats came back at its last chunk is complete, whatever the
             # app read afterwards (a server answers receive() with a disconnect once the
             # response is done, and streaming responses listen)
@@ -275,6 +282,24 @@ class Flight:
             headers = [*message.get("headers", ()), (b"x-obleth-upstream", upstream)]
             message = {**message, "headers": headers}
         return self.send(message)
+
+    def _send_timed(self, message: Message) -> Awaitable[None]:
+        """``_send`` for a plan with a first-byte feed (``FirstByteFeed``), which the app
+        gets instead: it feeds the time from the hand-over to the first body chunk that is
+        not empty (or to the last chunk, for an empty body), once, and only for a 2xx
+        response. A plan without a feed does not pay for this check on every chunk."""
+        handed = self.handed
+        if handed is not None:
+            kind = message["type"]
+            if kind == "http.response.body":
+                if message.get("body") or not message.get("more_body", False):
+                    self.handed = None
+                    feed = self.plan.first_byte
+                    if feed is not None:
+                        feed(time.monotonic() - handed)
+            elif kind == "http.response.start" and not 200 <= message["status"] < 300:
+                self.handed = None
+        return self._send(message)
 
     def _land(self) -> None:
         """Give the seats back and end the routing decision; counts once, however often it

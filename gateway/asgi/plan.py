@@ -1,9 +1,11 @@
 """``FlightPlan``: what every request through one middleware shares, looked up once when
-the middleware is built: the gateway's parts and the settings the request path reads."""
+the middleware is built: the gateway's parts and the settings the request path reads; and
+``FirstByteFeed``, which tells capacity providers each request's time to first byte."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 
 from gateway.complaints import Complaints
 from gateway.core.memo import Memo
@@ -12,6 +14,8 @@ from gateway.gateway import Gateway
 from gateway.protocols import Classification
 from gateway.routing.request import RequestReader
 from gateway.types import ASGIApp
+
+log = logging.getLogger("obleth.capacity")
 
 #: ``scope["state"]["obleth"]``: read-only, so one record can serve many requests
 Record = Mapping[str, object]
@@ -28,6 +32,7 @@ class FlightPlan:
         "app",
         "complaints",
         "default",
+        "first_byte",
         "free_seats",
         "gateway",
         "header_ticket",
@@ -84,3 +89,61 @@ class FlightPlan:
         self.wait_attributes = {
             priority: {"pool": config.pool, "priority": priority} for priority in PRIORITIES
         }
+        #: tells the providers that follow time to first byte each admitted request's;
+        #: None when no provider does, and then a request pays nothing for it
+        self.first_byte = FirstByteFeed.of(gateway, complaints)
+
+
+class FirstByteFeed:
+    """The first-byte feed: hands each admitted request's time to first byte to every
+    capacity provider with a ``first_byte(seconds)`` method.
+
+    The time runs from the moment the admitted (and routed) request is handed to the app
+    or the proxy, so the wait in the gateway's queue is left out, to the first chunk of
+    its response body that is not empty (the first token of a streamed answer; the whole
+    answer of one that is not streamed; the end of a response with an empty body). The
+    flight calls the feed at most once per request, on the event loop, and only for a
+    2xx response: an error answers fast without the backend doing the work a token
+    stands for, and would drag the measure of an unloaded backend down. The WSGI
+    middleware times its requests the same way in the server's worker thread and hands
+    the time to the loop (``gateway.wsgi.firstbyte``).
+
+    A provider's ``first_byte`` must return at once and do no I/O. One that raises is
+    logged on the ``obleth.capacity`` logger under its name and its plugin's (at most once
+    a minute), and the request goes on; the other providers are still told.
+    """
+
+    __slots__ = ("_complaints", "_listeners")
+
+    def __init__(
+        self,
+        listeners: list[tuple[str, str, Callable[[float], object]]],
+        complaints: Complaints,
+    ) -> None:
+        """``listeners``: each provider's name, where it comes from (for the log) and its
+        ``first_byte`` method."""
+        self._listeners = listeners
+        self._complaints = complaints
+
+    @classmethod
+    def of(cls, gateway: Gateway, complaints: Complaints) -> FirstByteFeed | None:
+        """The feed of ``gateway``'s providers that have ``first_byte``; None when none has."""
+        listeners = []
+        for name, provider in gateway.providers.items():
+            method = getattr(provider, "first_byte", None)
+            if callable(method):
+                origin = gateway.plugins.origin_text("capacity provider", name)
+                listeners.append((name, origin, method))
+        return cls(listeners, complaints) if listeners else None
+
+    def __call__(self, seconds: float) -> None:
+        for name, origin, listener in self._listeners:
+            try:
+                listener(seconds)
+            except Exception:
+                if self._complaints.may(("first_byte", name)):
+                    log.exception(
+                        "capacity provider %r%s raised in first_byte(); the request goes on",
+                        name,
+                        origin,
+                    )

@@ -28,11 +28,13 @@ class EngineMetrics:
     running: Sequence[str]
     waiting: Sequence[str]
     kv_usage: Sequence[str]
+    preemptions: Sequence[str] = ()
+    """A counter of sequences the engine evicted from its batch for want of KV cache."""
 
     @property
     def names(self) -> frozenset[str]:
         """Every metric name of this engine."""
-        return frozenset((*self.running, *self.waiting, *self.kv_usage))
+        return frozenset((*self.running, *self.waiting, *self.kv_usage, *self.preemptions))
 
 
 ENGINES: tuple[EngineMetrics, ...] = (
@@ -43,6 +45,7 @@ ENGINES: tuple[EngineMetrics, ...] = (
         # vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc; both are fractions
         # 0..1 despite the "perc".
         kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        preemptions=("vllm:num_preemptions_total",),
     ),
     EngineMetrics(
         engine="sglang",
@@ -64,8 +67,9 @@ def reading_from_text(upstream: str, text: str, at: float, healthy: bool) -> Rea
       ``text``, and every number comes from that engine's names; None when no known
       name has a usable sample, and then every number is None too.
     - Samples of one name under several label sets (one per model, per engine replica)
-      add up for ``running`` and ``waiting``; ``kv_usage`` is their maximum, clamped to
-      [0, 1], since the fullest cache is the one a new request may not fit in.
+      add up for ``running``, ``waiting`` and ``preemptions``; ``kv_usage`` is their
+      maximum, clamped to [0, 1], since the fullest cache is the one a new request may not
+      fit in.
     - A NaN sample is no sample; so is an infinite ``running`` or ``waiting``, and a
       negative count is read as 0. A field whose names have no usable sample is None.
     - Never raises on bad text: malformed lines are skipped (see ``promtext``).
@@ -81,6 +85,7 @@ def reading_from_text(upstream: str, text: str, at: float, healthy: bool) -> Rea
                 running=_count(_first(found, engine.running)),
                 waiting=_count(_first(found, engine.waiting)),
                 kv_usage=_fraction(_first(found, engine.kv_usage)),
+                preemptions=_count(_first(found, engine.preemptions)),
                 at=at,
                 engine=engine.engine,
             )

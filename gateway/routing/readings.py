@@ -20,10 +20,10 @@ log = logging.getLogger("obleth.routing")
 class Reading:
     """One upstream as the last scrape saw it.
 
-    ``running``, ``waiting`` and ``kv_usage`` are None when the upstream did not export
-    them (or could not be scraped yet). ``at`` is the ``time.monotonic()`` of the scrape
-    the numbers come from; 0.0 means never scraped. ``healthy`` is the health check's
-    verdict, which may be newer than the numbers.
+    ``running``, ``waiting``, ``kv_usage`` and ``preemptions`` are None when the upstream
+    did not export them (or could not be scraped yet). ``at`` is the ``time.monotonic()``
+    of the scrape the numbers come from; 0.0 means never scraped. ``healthy`` is the
+    health check's verdict, which may be newer than the numbers.
     """
 
     upstream: str
@@ -34,6 +34,9 @@ class Reading:
     """Requests queued inside the upstream (``vllm:num_requests_waiting``)."""
     kv_usage: float | None = None
     """KV-cache usage as a fraction, 0.0 to 1.0 (``vllm:kv_cache_usage_perc``)."""
+    preemptions: float | None = None
+    """Sequences preempted for want of KV cache since the upstream started, a counter
+    (``vllm:num_preemptions_total``): a rise between two readings means pressure."""
     at: float = 0.0
     engine: str | None = None
     """Which engine's metric names matched: ``vllm``, ``sglang``, or None."""

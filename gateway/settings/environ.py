@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import ConfigError
@@ -16,17 +17,32 @@ ENV_PREFIX = "OBLETH_"
 
 def read_environ(environ: Mapping[str, str], specs: Mapping[str, Spec]) -> dict[str, Any]:
     """The ``OBLETH_*`` variables of ``environ``, each read by its setting's parser, by
-    setting name. Other variables are left alone; an ``OBLETH_*`` variable that is no
+    setting name. Other variables are left alone; so are those of an installed plugin's
+    own namespace (``plugin_prefixes``). Any other ``OBLETH_*`` variable that is no
     setting is an error (a typo must not silently leave a limit unset)."""
     values: dict[str, Any] = {}
+    owned: tuple[str, ...] | None = None
     for key, text in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
         spec = specs.get(key[len(ENV_PREFIX) :].lower())
         if spec is None:
+            if owned is None:
+                owned = plugin_prefixes()
+            if key.startswith(owned):
+                continue  # the plugin's own setting: the plugin reads it
             raise unknown_setting(key, text, [known.env for known in specs.values()])
         values[spec.name] = spec.parse(key, text)
     return values
+
+
+def plugin_prefixes() -> tuple[str, ...]:
+    """``OBLETH_<NAME>_`` for every installed plugin of the ``obleth`` entry-point group:
+    the variables a plugin reads for its own settings (``OBLETH_KV_PRESSURE_HIGH`` for the
+    plugin ``kv-pressure``). Read from the installed distributions' metadata, without
+    importing any plugin."""
+    names = {point.name for point in entry_points(group="obleth")}
+    return tuple(f"{ENV_PREFIX}{name.upper().replace('-', '_')}_" for name in sorted(names) if name)
 
 
 def unknown_setting(written: str, value: object, known: Sequence[str]) -> ConfigError:

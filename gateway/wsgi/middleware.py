@@ -23,6 +23,7 @@ from gateway.core.exemptions import ExemptPaths
 from gateway.gateway import Gateway, given
 from gateway.settings import Settings
 from gateway.wsgi.environ import read_body_ahead, scope_of
+from gateway.wsgi.firstbyte import FirstByteClock
 from gateway.wsgi.loopthread import LoopThread
 from gateway.wsgi.passage import Held, Passage, run_app
 
@@ -96,12 +97,16 @@ class WSGIGatewayMiddleware:
         environ[ENVIRON_KEY] = record
         if self._names_upstream and "upstream" in record:
             start_response = _naming(start_response, record["route"])
+        clock = None
+        if plan.first_byte is not None:
+            clock = FirstByteClock(plan.first_byte, loop)
+            start_response = clock.noting(start_response)
         try:
             result = self.app(environ, start_response)
         except BaseException as exc:
             passage.finish("failed", exc)
             raise
-        return Held(result, passage)
+        return Held(result, passage, clock)
 
     def start(self) -> None:
         """Start the gateway in this process now rather than at its first request;

@@ -23,6 +23,7 @@ from wsgiref.types import StartResponse
 from gateway.asgi.flight import Flight
 from gateway.asgi.plan import FlightPlan
 from gateway.types import Message, Scope
+from gateway.wsgi.firstbyte import FirstByteClock
 
 log = logging.getLogger("obleth")
 
@@ -158,13 +159,17 @@ class Held:
     closes it (PEP 3333 says it must); a response dropped unclosed gives them back when
     it is collected."""
 
-    __slots__ = ("__weakref__", "_ended", "_inner", "_iterator", "_passage")
+    __slots__ = ("__weakref__", "_clock", "_ended", "_inner", "_iterator", "_passage")
 
-    def __init__(self, inner: Iterable[bytes], passage: Passage) -> None:
+    def __init__(
+        self, inner: Iterable[bytes], passage: Passage, clock: FirstByteClock | None = None
+    ) -> None:
         self._inner = inner
         self._iterator: Iterator[bytes] | None = None
         self._passage: Passage | None = passage
         self._ended = False
+        #: times the first chunk for the first-byte feed, until it has
+        self._clock = clock
 
     def __iter__(self) -> Iterator[bytes]:
         return self
@@ -173,13 +178,22 @@ class Held:
         if self._iterator is None:
             self._iterator = iter(self._inner)
         try:
-            return next(self._iterator)
+            chunk = next(self._iterator)
         except StopIteration:
             self._ended = True
+            self._first_byte()
             raise
         except BaseException as exc:
             self._end("failed", exc)
             raise
+        if chunk and self._clock is not None:
+            self._first_byte()
+        return chunk
+
+    def _first_byte(self) -> None:
+        clock, self._clock = self._clock, None
+        if clock is not None:
+            clock.fire()
 
     def close(self) -> None:
         try:

@@ -161,7 +161,7 @@ async def test_a_busy_gateways_status_is_as_documented() -> None:
         assert gateway.router is not None  # a choice as the router logs it, with its scores
         gateway.router.decisions.chose(UPSTREAM, ROUTED, {"total": {UPSTREAM: 0.75}})
         async with admin(gateway) as client:
-            answer = await _documented_status(client)
+            answer = await documented_status(client)
             assert answer["tenants"]["listed"]["gold"]["in_flight"] == 1
             assert answer["upstreams"][UPSTREAM]["healthy"] is False
             assert answer["upstreams"][UPSTREAM]["routed"] == 1
@@ -183,13 +183,13 @@ async def test_a_pods_status_in_cluster_mode_is_as_documented(
     try:
         gateway = await pods.start()
         async with admin(gateway) as client:
-            cluster = (await _documented_status(client))["cluster"]
+            cluster = (await documented_status(client))["cluster"]
             assert (cluster["pool"], cluster["mode"]) == (pool_name, "redis")
     finally:
         await pods.close()
 
 
-async def _documented_status(client: httpx.AsyncClient) -> dict[str, Any]:
+async def documented_status(client: httpx.AsyncClient) -> dict[str, Any]:
     """``GET /api/v1/status``, checked against the document the API serves."""
     served = (await client.get(openapi.OPENAPI_PATH)).json()
     operation = schemathesis.openapi.from_dict(served, config=schemathesis.Config())[

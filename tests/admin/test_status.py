@@ -36,7 +36,7 @@ async def test_status_reports_seats_waiters_tenants_and_upstreams() -> None:
         for _ in range(20):
             await asyncio.sleep(0)
         found = status(gateway)
-        assert found["capacity"] == {"max_in_flight": 2, "providers": {"static": 2}}
+        assert found["capacity"] == {"max_in_flight": 2, "providers": {"static": 2}, "computed": {}}
         assert (found["in_flight"], found["queued"]) == (2, 3)
         assert found["queued_by_class"] == {"critical": 1, "standard": 2, "background": 0}
         tenants = found["tenants"]

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,16 @@ TARGET_TTFT_MS = 1.5
 class Process:
     """A child process serving HTTP on ``port``; ``pid`` for its CPU time."""
 
-    def __init__(self, argv: list[str], port: int, root: Path = ROOT) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        port: int,
+        root: Path = ROOT,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.port = port
         self.process = subprocess.Popen(
-            argv, cwd=root, env=child_env(root=root), stdout=subprocess.DEVNULL
+            argv, cwd=root, env=child_env(env, root=root), stdout=subprocess.DEVNULL
         )
         self.pid = self.process.pid
         deadline = time.monotonic() + 20

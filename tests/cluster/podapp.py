@@ -2,9 +2,10 @@
 
 Run by ``tests/cluster/pods.py`` as
 ``python -m uvicorn tests.cluster.podapp:create_app --factory`` with the settings in
-``OBLETH_*`` variables and the upstream's base URL in ``POD_UPSTREAM``.
+``OBLETH_*`` variables and the upstream's base URL in ``POD_UPSTREAM``; ``POD_PLUGINS``
+names modules to register as plugins (comma-separated), for tests that bring their own.
 
-Besides the proxied paths, a pod answers two of its own:
+Besides the proxied paths, a pod answers these of its own:
 
 - ``GET /healthz``: 200, inside the gateway but exempt from admission (the default
   ``exempt_paths``), so it answers even when every seat is taken;
@@ -13,21 +14,25 @@ Besides the proxied paths, a pod answers two of its own:
   ``mode``, ``reasserted``, ``held`` and ``live_pods``;
 - ``PUT /_pod/capacity?limit=N``: ``gateway.set_capacity(N)`` (what the admin API will
   do), served before the gateway;
+- ``GET /_pod/status``: what ``GET /api/v1/status`` answers, without a token;
 - ``POST /_pod/raise``: admitted like any request, then the app raises (an app bug).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from urllib.parse import parse_qsl
 
 from gateway import Gateway, GatewayMiddleware, Settings
+from gateway.admin.status import status
 from gateway.proxy import proxy_to
 from gateway.types import ASGIApp, Receive, Scope, Send
 
 STATS_PATH = "/_pod/stats"
 CAPACITY_PATH = "/_pod/capacity"
+STATUS_PATH = "/_pod/status"
 RAISE_PATH = "/_pod/raise"
 HEALTH_PATH = "/healthz"
 
@@ -40,7 +45,9 @@ def create_app() -> ASGIApp:
             "POD_UPSTREAM is not set: give the base URL of the backend this pod proxies to, "
             "e.g. POD_UPSTREAM=http://127.0.0.1:8001"
         )
-    gateway = Gateway(Settings.from_env())
+    names = os.environ.get("POD_PLUGINS", "")
+    plugins = [importlib.import_module(name) for name in names.split(",") if name]
+    gateway = Gateway(Settings.from_env(), plugins=plugins)
     gated = GatewayMiddleware(_Healthz(_Raises(proxy_to(upstream))), gateway=gateway)
     return _PodStats(gated, gateway)
 
@@ -64,6 +71,9 @@ class _PodStats:
             query = dict(parse_qsl(scope["query_string"].decode()))
             self.gateway.set_capacity(int(query["limit"]))
             await _send_json(send, {"limit": int(query["limit"])})
+            return
+        if scope["type"] == "http" and scope["path"] == STATUS_PATH:
+            await _send_json(send, status(self.gateway))
             return
         if scope["type"] != "http" or scope["path"] != STATS_PATH:
             await self.app(scope, receive, send)

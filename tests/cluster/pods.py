@@ -351,6 +351,12 @@ class Pod(_Server):
         return self._get("/_pod/stats")
 
 
+def set_limit(pod: Pod, limit: int) -> None:
+    """What ``PUT /api/v1/capacity`` does: ``Gateway.set_capacity`` on one pod."""
+    answer = httpx.put(pod.url + "/_pod/capacity", params={"limit": limit}, trust_env=False)
+    answer.raise_for_status()
+
+
 class UvicornApp(_Server):
     """``uvicorn <target>`` from the repository's root, as a user would run an app of
     theirs; ``env`` holds its ``OBLETH_*`` settings."""

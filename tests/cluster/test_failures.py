@@ -21,7 +21,7 @@ import pytest
 
 from gateway.backends.redis.audit import PoolAudit, audit_sync
 from gateway.backends.redis.keys import PoolKeys
-from tests.cluster.pods import LoadResult, Pod, Pods, SimBackend, background, drive
+from tests.cluster.pods import LoadResult, Pod, Pods, SimBackend, background, drive, set_limit
 from tests.redis_procs import RedisServer, TcpProxy
 
 LIMIT = 8
@@ -388,12 +388,6 @@ def test_8_limit_lowered_and_raised_live_converges_without_revoking(
         assert all(s["limit"] == 12 for s in pods.stats())  # every pod sees the one limit
         released_all(pods)
         assert pool.drains().limit == 12
-
-
-def set_limit(pod: Pod, limit: int) -> None:
-    """What the admin API will do: ``Gateway.set_capacity`` on one pod."""
-    answer = httpx.put(pod.url + "/_pod/capacity", params={"limit": limit}, trust_env=False)
-    answer.raise_for_status()
 
 
 def test_9_script_flush_mid_load_fails_no_request(

@@ -159,6 +159,7 @@ def test_the_simulators_metrics_are_read_as_vllm() -> None:
         prefix_cache_query_tokens=0,
         prefix_cache_hit_tokens=0,
         requests_finished=0,
+        preemptions=3,
     )
     reading = reading_from_text(URL, render_metrics("m", snapshot), AT, True)
     assert (reading.engine, reading.running, reading.waiting, reading.kv_usage) == (
@@ -167,6 +168,7 @@ def test_the_simulators_metrics_are_read_as_vllm() -> None:
         2.0,
         0.125,
     )
+    assert reading.preemptions == 3.0  # the counter the kv-pressure provider reads
 
 
 def test_every_mapped_name_is_parsed() -> None:
@@ -176,6 +178,7 @@ def test_every_mapped_name_is_parsed() -> None:
         "vllm:num_requests_waiting",
         "vllm:kv_cache_usage_perc",
         "vllm:gpu_cache_usage_perc",
+        "vllm:num_preemptions_total",
         "sglang:num_running_reqs",
         "sglang:num_queue_reqs",
         "sglang:token_usage",

@@ -312,3 +312,37 @@ def test_with_upstreams_the_app_reads_the_routing_decision() -> None:
     assert all(record["upstream"] in upstreams for record in records), records
     assert all(set(record["scores"]["queue-depth"]) == set(upstreams) for record in records)
     assert [a.headers["x-obleth-upstream"] for a in answers] == [r["upstream"] for r in records]
+
+
+def test_capacity_providers_that_follow_first_bytes_are_fed_from_wsgi_too() -> None:
+    """The first-byte feed: once per admitted 2xx request, timed from the app's call to
+    its first chunk, handed to the provider on the gateway's loop."""
+    fed: list[tuple[float, bool]] = []
+
+    class Timed:
+        def max_in_flight(self) -> int:
+            return 4
+
+        def first_byte(self, seconds: float) -> None:
+            on_loop = threading.current_thread().name == "obleth-gateway"
+            fed.append((seconds, on_loop))
+
+    class Plugin:
+        @hookimpl
+        def obleth_capacity_providers(self) -> dict[str, object]:
+            return {"timed": lambda settings: Timed()}
+
+    app = HeldApp(stream=True)
+    app.release.set()
+    middleware = WSGIGatewayMiddleware(
+        app, settings=Settings(capacity_providers=("timed",)), plugins=[Plugin()]
+    )
+    with serving(middleware) as url:
+        answers = [post(url) for _ in range(3)]
+        missing = httpx.get(url + "/healthz", trust_env=False)  # exempt: not timed
+        wait_until(lambda: len(fed) == 3)
+    middleware.close()
+
+    assert [answer.status_code for answer in answers] == [200] * 3
+    assert missing.status_code == 200
+    assert all(0 <= seconds < WAIT_S and on_loop for seconds, on_loop in fed), fed

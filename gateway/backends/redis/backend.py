@@ -12,7 +12,9 @@ holds and the waiters it has queued (``PodState``), and four roles share it:
 - ``FailureMode`` (failure_mode.py): when Redis cannot be reached within
   ``redis_retry_budget_s``, ``redis_failure_mode`` decides (see ``Fallback``); when it
   answers again, the pod re-asserts what it holds and hands its local waiters back to
-  the shared queue.
+  the shared queue;
+- ``LeaderLease`` (leader.py), when computed capacity providers are selected: the pod
+  holding it sends their values, which every pod then uses (``PoolCapacity``).
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from gateway.backends.redis.calls import Caller, RedisUnavailable, call_timeout_s
+from gateway.backends.redis.calls import FAILED, Caller, RedisUnavailable, call_timeout_s
 from gateway.backends.redis.channel import PodChannel
 from gateway.backends.redis.connect import Client, connect
 from gateway.backends.redis.failure_mode import FailureMode
 from gateway.backends.redis.keys import unescape_tenant
+from gateway.backends.redis.leader import LeaderLease
 from gateway.backends.redis.leases import Leases
 from gateway.backends.redis.pod import PodState, PoolView, fail
+from gateway.backends.redis.pool_capacity import PoolCapacity
 from gateway.backends.redis.script import StepScript
 from gateway.backends.redis.telemetry import observe
 from gateway.backends.redis.wire import Batch
@@ -46,7 +50,10 @@ class RedisBackend:
     caller may rely on beyond the Protocol: ``mode`` is ``"redis"`` or the failure mode in
     force; ``reasserted`` counts leases this pod had to write back (Redis forgot them, or
     they expired while the pod was paused or cut off); ``degraded_since`` is set while
-    Redis is unreachable.
+    Redis is unreachable; ``leader`` names the pod that computes the computed providers.
+
+    ``limit`` is this pod's own limit (``Capacity.current``), ``capacity`` its providers
+    as the pool sees them (the same ones ``Capacity`` holds).
     """
 
     def __init__(
@@ -54,6 +61,7 @@ class RedisBackend:
         settings: Settings,
         *,
         limit: Callable[[], int],
+        capacity: PoolCapacity,
         policy: OverflowPolicy,
         client: Client | None = None,
     ) -> None:
@@ -63,7 +71,8 @@ class RedisBackend:
         self._settings = settings
         self._limit = limit
         self._decide = policy.decide
-        self._state = state = PodState(settings, limit)
+        self._state = state = PodState(settings, limit, capacity)
+        self._capacity = capacity
         self.pod = state.id
         self._client_given = client is not None
         self._client: Client = client or connect(
@@ -82,6 +91,19 @@ class RedisBackend:
         self._channel = PodChannel(state, self._client, self._caller, self._leases, self._failure)
         self._tasks: list[asyncio.Task[None]] = []
         self._view = PoolView(state)
+        #: the leader lease, asked for only by pods with computed providers
+        self._lease: LeaderLease | None = None
+        if capacity.computed:
+            self._lease = LeaderLease(
+                self._client,
+                state.keys,
+                state.id,
+                ttl_s=settings.lease_ttl_s,
+                on_gained=self._send_computed,
+            )
+            capacity.leading = self._lease.leading
+        capacity.ceiling_set = self._send_ceiling
+        capacity.own_changed = self._send_computed
         observe(self)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -92,7 +114,8 @@ class RedisBackend:
         If Redis cannot be reached, the pod starts anyway in its failure mode and keeps
         trying: an application must be able to start while Redis is down.
         """
-        self._state.running = True
+        state = self._state
+        state.running = True
         loop = asyncio.get_running_loop()
         notify = loop.create_task(self._channel.listen(), name="obleth-redis-notify")
         heartbeat = loop.create_task(self._leases.heartbeats(), name="obleth-redis-heartbeat")
@@ -100,6 +123,15 @@ class RedisBackend:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._settings.redis_retry_budget_s + 1):
                 await self._channel.subscribed.wait()
+        lease = self._lease
+        if lease is not None:
+            # asked once before the first call, which then carries the computed values if
+            # this pod leads; then kept at the heartbeat's pace
+            with contextlib.suppress(*FAILED, TimeoutError):
+                async with asyncio.timeout(call_timeout_s(self._settings)):
+                    await lease.hold()
+            keep = loop.create_task(lease.keep(lambda: state.running), name="obleth-leader")
+            self._tasks.append(keep)
         self._caller.kick()
         flusher = self._caller.flusher
         if flusher is not None:
@@ -127,6 +159,11 @@ class RedisBackend:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        if self._lease is not None and self._lease.leading():
+            # another pod takes over at its next try rather than a TTL from now
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(call_timeout_s(self._settings)):
+                    await self._lease.resign()
         with contextlib.suppress(Exception):
             await self._script.aclose()
         if not self._client_given:
@@ -200,9 +237,24 @@ class RedisBackend:
         self._caller.kick()
 
     def limit_changed(self) -> None:
-        """A capacity provider changed here: its value becomes the limit of the whole pool."""
-        self._state.batch.set_limit = self._limit()
+        """This pod's own limit changed. The pool's limit is Redis' (``PoolCapacity``
+        sends what this pod has to say of it): only the failure mode's local share, taken
+        from this pod's own limit, follows at once."""
+        fallback = self._state.fallback
+        if fallback is not None:
+            fallback.reshare(self._failure.local_share())
+
+    def _send_ceiling(self, ceiling: int) -> None:
+        """The operator's limit changed on this pod: it becomes the pool's ceiling."""
+        self._state.batch.ceiling = ceiling
         self._caller.kick()
+
+    def _send_computed(self) -> None:
+        """A computed value changed here, or this pod took the leader lease: if it leads,
+        its values become the pool's."""
+        if self._lease is not None and self._lease.leading():
+            self._state.batch.computed = self._capacity.own_values() or None
+            self._caller.kick()
 
     def snapshot(self) -> Snapshot:
         """The pool as of the last reply; tenants as this pod sees them (its own requests).
@@ -246,6 +298,17 @@ class RedisBackend:
     @property
     def pool_name(self) -> str:
         return self._settings.pool
+
+    @property
+    def leader(self) -> str | None:
+        """The pod holding the leader lease, as this pod last asked (None: nobody, not yet
+        asked, or no computed providers here)."""
+        return self._lease.holder if self._lease is not None else None
+
+    @property
+    def leading(self) -> bool:
+        """Whether this pod holds the leader lease (its computed values are the pool's)."""
+        return self._lease is not None and self._lease.leading()
 
     @property
     def local_share(self) -> int:

@@ -238,7 +238,12 @@ class Caller:
         return reply
 
     def args_for(self, batch: Batch) -> list[Any]:
-        """ARGV for one call carrying ``batch``."""
+        """ARGV for one call carrying ``batch``. The pod that holds the leader lease sends
+        its computed values with every heartbeat (re-assertions included), so that Redis
+        has them back as soon as it has its leases back, and knows they are current."""
+        capacity = self._pod.capacity
+        if batch.heartbeat and batch.computed is None and capacity.leading():
+            batch.computed = capacity.own_values() or None
         return encode(self._header(batch), batch, *self._heartbeat_report(batch))
 
     def _header(self, batch: Batch) -> Header:
@@ -248,13 +253,14 @@ class Caller:
             ttl_ms=self._ttl_ms,
             learn_ms=self._learn_ms,
             channel_prefix=pod.keys.channel_prefix,
-            init_limit=pod.limit,
+            init_ceiling=pod.capacity.ceiling(),
             max_queue=pod.settings.max_queue,
             mver=self._mver,
             seen=None if self._epoch is None else (self._epoch, self._seq),
             # a failover or a restart shows as another run_id: looked at on heartbeats, on
             # a new connection, and (in call) on every retry
             probe=batch.heartbeat or batch.recover or self._script.may_have_moved(),
+            cver=pod.capacity.cver,
         )
 
     def _heartbeat_report(
@@ -271,13 +277,15 @@ class Caller:
 
     def requeue(self, batch: Batch, ops: list[SentAcquire]) -> None:
         """Keep what Redis must still hear after a failed call: releases, cancels, the
-        limit, and a cancel for every acquire it may have executed without answering."""
+        ceiling, and a cancel for every acquire it may have executed without answering."""
         later = self._pod.batch
         later.releases[:0] = batch.releases
         later.cancels[:0] = batch.cancels + [entry.op.id for entry in ops]
         later.confirms[:0] = batch.confirms
-        if later.set_limit is None:
-            later.set_limit = batch.set_limit
+        if later.ceiling is None:
+            later.ceiling = batch.ceiling
+        if later.computed is None:
+            later.computed = batch.computed
         later.config = later.config or batch.config
         later.heartbeat = True
         later.reassert = later.reassert or batch.reassert
@@ -296,6 +304,13 @@ class Caller:
         self._epoch = reply.epoch
         self._seq = max(self._seq, reply.seq)
         pod.seen_limit = reply.limit
+        if new_epoch:
+            pod.capacity.forget()
+        if reply.capacity is not None:
+            # a ceiling of this pod's still on its way is newer than the one in this reply
+            pod.capacity.hear(
+                reply.capacity, reply.cver, ceiling_pending=pod.batch.ceiling is not None
+            )
         pod.inflight = reply.inflight
         pod.queued = reply.queued
         pod.live_pods = max(1, reply.live_pods)

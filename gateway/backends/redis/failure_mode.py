@@ -63,6 +63,10 @@ class FailureMode:
             new_id=pod.new_id,
         )
         pod.degraded_since = asyncio.get_running_loop().time()
+        # computed providers answer for themselves now: the pod cannot hear the pool's
+        # values, and its share follows its own limit (``limit_changed``, each probe)
+        pod.capacity.set_degraded(True)
+        fallback.reshare(self.local_share())
         log.error(
             "Redis unreachable for pool %r at redis_url=%s (%s) after %.1fs of retries; "
             "failure mode %r: %s",
@@ -131,13 +135,14 @@ class FailureMode:
             reply = await caller.call(args, retry=False)
         except RedisUnavailable:
             caller.requeue(batch, [])
-            fallback.share = self.local_share()
+            fallback.reshare(self.local_share())
             return
         # the reply is applied while the failure mode still holds its waiters: a grant it
         # carries for one of them is for a waiter this very call cancelled (see on_note)
         caller.apply(batch, [], reply, recovering=True)
         pod.fallback = None
         pod.degraded_since = None
+        pod.capacity.set_degraded(False)
         moved = fallback.close()
         log.warning(
             "Redis reachable again for pool %r: %d lease(s) re-asserted, %d local waiter(s) "
@@ -152,4 +157,6 @@ class FailureMode:
         caller.kick()
 
     def local_share(self) -> int:
+        """``floor(limit / live pods)``: in the failure mode the limit is this pod's own
+        (the pool's ceiling as last heard, its own computed values)."""
         return self._pod.limit // max(1, self._pod.live_pods)

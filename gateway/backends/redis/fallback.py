@@ -2,10 +2,11 @@
 
 - ``closed``: new requests are answered 503 ``unavailable``; running ones go on.
 - ``open``: every request is admitted (no limit at all until Redis answers).
-- ``local``: this pod admits up to ``floor(limit / live pods)`` seats (the limit and the
-  pod count as Redis last reported them), counting the seats it already held, with the
-  same fair queue as the in-process backend. It is not a global guarantee: a pod that
-  cannot see Redis cannot know what the others do.
+- ``local``: this pod admits up to ``floor(limit / live pods)`` seats (the pod count as
+  Redis last reported it; the limit this pod's own: the pool's ceiling as last heard and
+  its own computed values), counting the seats it already held, with the same fair queue
+  as the in-process backend. It is not a global guarantee: a pod that cannot see Redis
+  cannot know what the others do.
 
 Every permit handed out here gets a lease id of its own and joins the pod's held leases,
 so the first heartbeat after recovery writes them into Redis and the shared budget
@@ -103,6 +104,13 @@ class Fallback:
         waiter = self._queue.enqueue(ticket, asyncio.get_running_loop().time())
         self._file(waiter, pending)
         return True
+
+    def reshare(self, share: int) -> None:
+        """The pod's limit changed: admit up to ``share`` from now on; a raise admits
+        local waiters at once, a cut revokes nothing."""
+        self.share = share
+        if self.mode == "local":
+            self._dispatch()
 
     def waits(self, waiter_id: str) -> bool:
         """Whether ``waiter_id`` waits in the local queue."""

@@ -38,6 +38,8 @@ KEY_NAMES = (
     "members",
     "unready",
     "lobby",
+    "computed",
+    "leader",
 )
 
 _LONG_TENANT = 96
@@ -61,6 +63,12 @@ class PoolKeys:
         return self.prefix + name
 
     @property
+    def leader(self) -> str:
+        """The leader lease: the id of the pod that computes the computed capacity
+        providers, with a TTL on Redis' clock (see ``leader.py``)."""
+        return self.prefix + "leader"
+
+    @property
     def channel_prefix(self) -> str:
         """A pod's grant notifications arrive on ``channel_prefix + pod id``."""
         return self.prefix + "pod:"
@@ -80,6 +88,11 @@ def escape_tenant(tenant: str) -> str:
         return escaped
     digest = hashlib.blake2b(tenant.encode(), digest_size=16).hexdigest()
     return "~h" + digest
+
+
+def escape_name(name: str) -> str:
+    """A capacity provider's name as it may appear in Redis (no space, no ``|``)."""
+    return quote(name, safe="-._~")
 
 
 def unescape_tenant(escaped: str) -> str:

@@ -15,6 +15,7 @@ from typing import get_args
 from gateway.backends.redis.clock import RedisClock
 from gateway.backends.redis.fallback import Fallback
 from gateway.backends.redis.keys import PoolKeys, escape_tenant, new_pod_id
+from gateway.backends.redis.pool_capacity import PoolCapacity
 from gateway.backends.redis.wire import Batch, PodConfig
 from gateway.core.tickets import Ticket
 from gateway.errors import Rejected, RejectReason
@@ -27,11 +28,16 @@ class PodState:
 
     ``id`` names this process in Redis (lease ids, its notification channel). ``batch`` is
     what the next call will tell Redis: any role adds to it, then asks the caller to kick.
+    ``limit`` is this pod's own limit (``Capacity.current``); ``capacity`` its providers
+    as the pool sees them.
     """
 
-    def __init__(self, settings: Settings, limit: Callable[[], int]) -> None:
+    def __init__(
+        self, settings: Settings, limit: Callable[[], int], capacity: PoolCapacity
+    ) -> None:
         self.settings = settings
         self._limit = limit
+        self.capacity = capacity
         self.id = new_pod_id()
         self._ids = itertools.count(1)
         self.keys = PoolKeys(settings.pool)
@@ -71,8 +77,11 @@ class PodState:
 
     @property
     def limit(self) -> int:
-        """The pool's limit as Redis last said it (this pod's own value before that)."""
-        return self.seen_limit if self.seen_limit is not None else self._limit()
+        """The pool's limit as Redis last said it; this pod's own before that, and while
+        Redis cannot be reached (its ceiling as last heard, its own computed values)."""
+        if self.seen_limit is None or self.fallback is not None:
+            return self._limit()
+        return self.seen_limit
 
     def new_id(self) -> str:
         return f"{self.id}.{next(self._ids)}"

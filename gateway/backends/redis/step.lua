@@ -7,22 +7,31 @@
 -- (TIME), never a pod's.
 --
 -- KEYS, in order: state leases lmeta tin tq wq wmeta wdl ready:0 ready:1 rmem pods
---   weights caps await asserted members unready lobby
+--   weights caps await asserted members unready lobby computed leader
 --
 -- ARGV, written only by gateway/backends/redis/wire.py (`encode`):
 --    1 pod id                  2 lease TTL (ms)             3 roll-call fallback (ms)
---    4 notification prefix     5 limit for a new pool       6 max queue
+--    4 notification prefix     5 ceiling for a new pool     6 max queue
 --    7 retried: 1 when this call may have run before (its reply was lost)
 --    8 probe: 1 to compare Redis' run_id with the pool's (a failover or a restart)
 --    9 membership version the pod knows (-1: it knows no roster yet)
 --   10 "<epoch> <seq>": the latest the pod saw, or empty
 --   11 flags, words among: heartbeat reassert recover leave
---   12 config   13 held leases   14 queued waiters   15 roster   16 new limit (-1: none)
+--   12 config   13 held leases   14 queued waiters   15 roster   16 new ceiling (-1: none)
 --   17 releases 18 cancels       19 confirmations    20 acquires
 --   21 deadline on Redis' clock (ms; 0: none): past it the pod has given up waiting
+--   22 computed values "<provider> <value>...", from the pod holding the leader lease
+--   23 capacity version the pod knows (-1: none yet)
 --
 -- The sections below, in the order a call runs them: state and epochs, roll calls,
 -- membership, tenants, leases, waiters, dispatch, then the call itself.
+--
+-- Capacity (see docs/cluster.md, "Computed capacity"): the pool's limit is the minimum of
+-- the operator's ceiling, which any pod may set, and the values of the computed capacity
+-- providers, which only the pod holding the leader lease writes (the lease itself is
+-- kept by leader.lua). Each computed value carries the pod that wrote it and when, on
+-- Redis' clock; one that nobody has written for two lease TTLs is dropped, since no pod
+-- computes it any more.
 --
 -- Waiters (see docs/configuration.md, "Overflow policies"): max queue bounds the fair
 -- queue (wq). An acquire whose action is 'wait' (block) that finds it full waits in the
@@ -47,6 +56,7 @@ local READY = { [0] = KEYS[9], [1] = KEYS[10] }
 local RMEM, PODS, WEIGHTS, CAPS = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local AWAIT, ASSERTED, MEMBERS, UNREADY = KEYS[15], KEYS[16], KEYS[17], KEYS[18]
 local LOBBY = KEYS[19] -- waiter id -> arrival: waiting for room in the full queue
+local COMPUTED, LEADER = KEYS[20], KEYS[21] -- provider -> "value|pod|ms"; the lease holder
 local WAITING_RANKS = 1 -- ranks 0 (critical) and 1 (standard) wait; 2 (background) never
 -- a pod that knows no other pod cannot bring a roster: a roll call it opens stays open
 -- this long, so that pods still reconnecting after a Redis restart are heard
@@ -80,7 +90,7 @@ local pod = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local learn_ms = tonumber(ARGV[3])
 local channel = ARGV[4]
-local init_limit = ARGV[5]
+local init_ceiling = ARGV[5]
 local max_queue = tonumber(ARGV[6])
 local retried = ARGV[7] == '1'
 local probe = ARGV[8] == '1'
@@ -136,7 +146,7 @@ local function run_id()
 end
 
 local state = redis.call('HMGET', S, 'epoch', 'limit', 'inflight', 'learn_until', 'dweight',
-  'dcap', 'capped', 'grace_until', 'mver', 'runid')
+  'dcap', 'capped', 'grace_until', 'mver', 'runid', 'ceiling', 'cver')
 local epoch = state[1]
 local new_roll = false
 local relearn = nil -- why a new epoch starts ('lost', 'seq', 'runid'), for the pods' logs
@@ -144,12 +154,12 @@ if not epoch then
   -- Redis lost the pool (restart without persistence, FLUSHALL, failover, eviction), or
   -- this is its first call ever: start a new epoch and drop whatever fragments survived
   redis.call('DEL', LEASES, LMETA, TIN, TQ, WQ, WMETA, WDL, READY[0], READY[1], RMEM,
-    WEIGHTS, CAPS, PODS, AWAIT, ASSERTED, MEMBERS, UNREADY, LOBBY)
+    WEIGHTS, CAPS, PODS, AWAIT, ASSERTED, MEMBERS, UNREADY, LOBBY, COMPUTED)
   epoch = new_id()
-  redis.call('HSET', S, 'limit', init_limit, 'inflight', 0, 'epoch', epoch, 'learn_until', 0,
+  redis.call('HSET', S, 'limit', init_ceiling, 'inflight', 0, 'epoch', epoch, 'learn_until', 0,
     'grace_until', 0, 'dweight', 1, 'dcap', -1, 'capped', 0, 'seq', 0, 'arr', 0, 'mver', 0,
-    'runid', run_id())
-  state = { epoch, init_limit, 0, 0, 1, -1, 0, 0, 0 }
+    'runid', run_id(), 'ceiling', init_ceiling, 'cver', 0)
+  state = { epoch, init_ceiling, 0, 0, 1, -1, 0, 0, 0, false, init_ceiling, 0 }
   new_roll = true
   relearn = 'lost'
 elseif probe then
@@ -175,6 +185,12 @@ local dcap = tonumber(state[6])
 local capped = state[7] == '1'
 local grace_until = tonumber(state[8] or '0')
 local mver = tonumber(state[9] or '0')
+-- a pool written before ceilings were kept apart has its limit as its ceiling, kept from
+-- now on: the limit may then fall below it
+local ceiling = tonumber(state[11] or state[2])
+if not state[11] then redis.call('HSET', S, 'ceiling', ceiling) end
+local cver = tonumber(state[12] or '0')
+local known_cver = tonumber(ARGV[23])
 -- waiters in the queue and in the lobby, kept up to date below: nothing waits, nothing to do
 local nlobby = redis.call('ZCARD', LOBBY)
 local nwait = redis.call('HLEN', WMETA) - nlobby
@@ -675,12 +691,62 @@ if flags.reassert then
   end
 end
 
--- a new limit, from any pod: the one source of truth
-local new_limit = tonumber(ARGV[16])
-if new_limit >= 0 then
-  limit = new_limit
-  redis.call('HSET', S, 'limit', limit)
+-- capacity: a new ceiling from any pod, computed values from the lease holder only, and
+-- the limit they make, the one source of truth (raised, it dispatches below)
+local capacity_changed = false
+local capacity_read = false
+local new_ceiling = tonumber(ARGV[16])
+if new_ceiling >= 0 then
+  capacity_changed = new_ceiling ~= ceiling
+  ceiling = new_ceiling
+  redis.call('HSET', S, 'ceiling', ceiling)
+  capacity_read = true
 end
+local computed = words(ARGV[22])
+if #computed > 0 then
+  -- the lease is taken here too when nobody holds it: after Redis lost it, the pod that
+  -- held it writes its values back with its re-assertion, as it does its leases
+  local holder = redis.call('GET', LEADER)
+  if not holder then
+    redis.call('SET', LEADER, pod, 'PX', ttl)
+    holder = pod
+  end
+  if holder == pod then
+    for at = 1, #computed, 2 do
+      local name, value = computed[at], computed[at + 1]
+      local before = redis.call('HGET', COMPUTED, name)
+      local old = before and split(before) or {}
+      if old[1] ~= value or old[2] ~= pod then capacity_changed = true end
+      redis.call('HSET', COMPUTED, name, value .. '|' .. pod .. '|' .. now)
+    end
+  end
+  capacity_read = true
+end
+-- read back with every heartbeat, and whenever the pod's version is behind; a computed
+-- value nobody wrote for two lease TTLs is dropped (no pod computes it any more)
+local capacity_text = '' -- "<ceiling> <provider> <value> <pod> <ms>..."
+if capacity_read or flags.heartbeat or known_cver ~= cver then
+  local lowest = ceiling
+  local parts = { tostring(ceiling) }
+  local all = redis.call('HGETALL', COMPUTED)
+  for at = 1, #all, 2 do
+    local entry = split(all[at + 1])
+    if now - tonumber(entry[3]) > 2 * ttl then
+      redis.call('HDEL', COMPUTED, all[at])
+      capacity_changed = true
+    else
+      lowest = math.min(lowest, tonumber(entry[1]))
+      parts[#parts + 1] = all[at] .. ' ' .. entry[1] .. ' ' .. entry[2] .. ' ' .. entry[3]
+    end
+  end
+  capacity_text = table.concat(parts, ' ')
+  if lowest ~= limit then
+    limit = lowest
+    redis.call('HSET', S, 'limit', limit)
+    capacity_changed = true
+  end
+end
+if capacity_changed then cver = redis.call('HINCRBY', S, 'cver', 1) end
 
 -- reap expired leases (a pod that stopped renewing) and expired waiters, then dead pods
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, 256)) do
@@ -831,5 +897,5 @@ return {
   table.concat(missed, ' '), table.concat(lost, ' '), table.concat(own_notes, ' '),
   now, mver, told_roster and 1 or 0, roster_text,
   caller_asserted and 1 or 0,
-  table.concat(confirmed, ' '), relearn or '',
+  table.concat(confirmed, ' '), relearn or '', cver, capacity_text,
 }

@@ -9,8 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import redis.exceptions
+
+from gateway.backends.redis.keys import escape_name
 
 Arg = str | int | float
 
@@ -53,7 +56,10 @@ class Batch:
     """This pod is shutting down: the others drop it from their rosters."""
     ping: bool = False
     """Nothing to say but the header: hear the pool's news (membership, a roll call)."""
-    set_limit: int | None = None
+    ceiling: int | None = None
+    """The operator's limit, set on this pod (``set_capacity``): the pool's ceiling."""
+    computed: Mapping[str, int] | None = None
+    """The computed providers' values, sent by the pod that holds the leader lease."""
     releases: list[str] = field(default_factory=list)
     cancels: list[str] = field(default_factory=list)
     confirms: list[str] = field(default_factory=list)
@@ -71,7 +77,8 @@ class Batch:
             or self.reassert
             or self.leave
             or self.ping
-            or self.set_limit is not None
+            or self.ceiling is not None
+            or self.computed is not None
             or self.releases
             or self.cancels
             or self.confirms
@@ -92,7 +99,8 @@ class Header:
     ttl_ms: int
     learn_ms: int
     channel_prefix: str
-    init_limit: int
+    init_ceiling: int
+    """The ceiling of a pool Redis does not have (this pod's operator limit)."""
     max_queue: int
     mver: int
     """The pool's membership version this pod last heard the roster of (-1: none yet)."""
@@ -100,6 +108,8 @@ class Header:
     """Compare Redis' run_id with the pool's: on heartbeats and on fresh connections."""
     seen: tuple[str, int] | None
     """The latest (epoch, seq) this pod saw: Redis behind it means a failover lost writes."""
+    cver: int = -1
+    """The pool's capacity version this pod last heard the capacity of (-1: none yet)."""
 
 
 #: Index in ARGV of the flag saying a call may have run before (set on retries).
@@ -153,7 +163,7 @@ def encode(
         header.ttl_ms,
         header.learn_ms,
         header.channel_prefix,
-        header.init_limit,
+        header.init_ceiling,
         header.max_queue,
         1 if batch.checked else 0,
         1 if header.probe else 0,
@@ -164,12 +174,14 @@ def encode(
         held,
         waiting,
         known,
-        -1 if batch.set_limit is None else batch.set_limit,
+        -1 if batch.ceiling is None else batch.ceiling,
         " ".join(batch.releases),
         " ".join(batch.cancels),
         " ".join(batch.confirms),
         acquires,
         0,
+        " ".join(f"{escape_name(name)} {value}" for name, value in (batch.computed or {}).items()),
+        header.cver,
     ]
 
 
@@ -217,6 +229,24 @@ def parse_notes(tokens: Sequence[str]) -> tuple[list[Note], News]:
 
 
 @dataclass(frozen=True, slots=True)
+class ComputedValue:
+    """A computed provider's value in the pool: who wrote it, and when (Redis' clock, ms)."""
+
+    value: int
+    pod: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLimits:
+    """What the pool's limit is made of: the operator's ceiling and the computed providers'
+    values, by provider name (only those written within two lease TTLs)."""
+
+    ceiling: int
+    computed: Mapping[str, ComputedValue]
+
+
+@dataclass(frozen=True, slots=True)
 class StepReply:
     """The pool's state after a call, and the answers to what the call asked."""
 
@@ -254,6 +284,11 @@ class StepReply:
     new_epoch: str
     """Why this call started a new epoch: ``lost`` (Redis had no pool), ``seq`` (the pool
     was behind what this pod saw), ``runid`` (another Redis server answers); else empty."""
+    cver: int = 0
+    """The pool's capacity version."""
+    capacity: PoolLimits | None = None
+    """The ceiling and computed values, when the call told them (heartbeats, a change, and
+    whenever the pod's version was behind); None otherwise."""
 
 
 class LateCall(redis.exceptions.ResponseError):
@@ -274,7 +309,8 @@ def decode(raw: Any) -> StepReply:
     if len(raw) == 2:
         raise LateCall(int(raw[1]))
     (limit, inflight, queued, epoch, seq, pods, learning, answers, cancelled, reasserted,
-     missed, lost, notes, now_ms, mver, told, roster, asserted, confirmed, why) = raw  # fmt: skip
+     missed, lost, notes, now_ms, mver, told, roster, asserted, confirmed, why, cver,
+     capacity) = raw  # fmt: skip
     own, _ = parse_notes(_text(notes).split())
     return StepReply(
         limit=int(limit),
@@ -296,7 +332,21 @@ def decode(raw: Any) -> StepReply:
         asserted=bool(int(asserted)),
         confirmed=_text(confirmed).split(),
         new_epoch=_text(why),
+        cver=int(cver),
+        capacity=_capacity(_text(capacity)),
     )
+
+
+def _capacity(text: str) -> PoolLimits | None:
+    """``<ceiling> <provider> <value> <pod> <ms>...`` as the script tells it; None for ''."""
+    words = text.split()
+    if not words:
+        return None
+    computed = {
+        unquote(words[at]): ComputedValue(int(words[at + 1]), words[at + 2], int(words[at + 3]))
+        for at in range(1, len(words) - 3, 4)
+    }
+    return PoolLimits(int(words[0]), computed)
 
 
 def _roster(text: str) -> dict[str, int]:

@@ -1,0 +1,228 @@
+"""The control law, on its own: the limit that keeps the backends' time to first byte
+near what it is when they are not loaded. No clock and no I/O: the time of each sample is
+passed in, so the law can be driven through any sequence of samples and tested alike."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MAX_CUT = 0.5
+"""A window's decrease keeps at least this share of the limit: one window of very slow
+first bytes (a single huge prompt, say) cannot take the limit to the floor at once."""
+
+STUCK_WINDOWS = 5
+"""Consecutive windows at the floor with first bytes still too slow after which the law
+probes early: the no-load time it compares with has likely risen (a slower model, longer
+prompts), and only a probe measures it again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """The law's parameters (``OBLETH_ADAPTIVE_*``; the README explains each)."""
+
+    floor: int = 1
+    """The lowest limit the law sets."""
+    initial: int | None = None
+    """The limit after the first probe; None for the operator's limit (the ceiling)."""
+    tolerance: float = 2.0
+    """How many times the no-load time to first byte a window may take before the limit
+    shrinks."""
+    grow_within: float = 1.5
+    """How many times the no-load time a window may take at most for the limit to grow;
+    between this and ``tolerance`` the limit holds."""
+    window: int = 10
+    """Samples per decision; the window's median is its time to first byte."""
+    use: float = 0.8
+    """The share of the limit the backends must be serving for it to count as in use."""
+    probe_every: int = 30
+    """A probe comes after this many times the limit in samples; 0: no periodic probe."""
+    probe_limit: int = 3
+    """The limit while probing (never more than the limit before the probe)."""
+    probe_samples: int = 5
+    """Samples a probe measures; their median becomes the no-load time to first byte."""
+    probe_timeout_s: float = 10.0
+    """A probe that has not measured its samples in this time ends with those it has."""
+
+
+@dataclass(slots=True)
+class _Probe:
+    """A probe under way: the limit is held low until ``samples`` are measured."""
+
+    deadline: float | None
+    """When the probe gives up; None for the first probe, which has nothing to go back to."""
+    resume: float | None
+    """The limit to go back to; None for the first probe (then ``Knobs.initial``)."""
+    samples: list[float]
+
+
+class Law:
+    """Gradient-style limit on time to first byte (TTFB), with probes of the no-load TTFB.
+
+    Samples are grouped in windows of ``window``; at the end of each, the window's median
+    TTFB is compared with the no-load TTFB (the *baseline*) that the last probe measured:
+
+    - above ``tolerance`` times the baseline, requests queue in the backends: the limit is
+      multiplied by ``tolerance * baseline / window TTFB`` (but never cut below
+      ``MAX_CUT`` of itself in one window), and falls by at least one;
+    - within ``grow_within`` times the baseline, with the limit in use (``in_use``) and
+      under the ceiling: it grows by its square root, fast while small, then gently;
+    - in between, or while the limit is not in use: it holds.
+
+    A sample counts only if its request was handed to the app after the last change of
+    the limit: one handed over before describes a limit that no longer holds, and would
+    make the law cut (or grow) twice for the same cause.
+
+    A *probe* measures the baseline: the limit drops to ``probe_limit``, so that the
+    backends' queues drain, and the median of the next ``probe_samples`` samples (of
+    requests handed over after the drop) becomes the baseline; then the limit goes back
+    to what it was. The law starts with a probe, probes again after ``probe_every`` times
+    the limit in samples, so that a drifting baseline is followed (a probe costs about a
+    limit's worth of requests, so spacing probes by a multiple of the limit keeps their
+    share of the throughput about the same at any limit), and probes early when the limit
+    has sat at the floor for ``STUCK_WINDOWS`` windows with slow first bytes. A probe that does not
+    get its samples within ``probe_timeout_s`` ends with those it has (the old baseline
+    stays if it has none); the first probe waits as long as it takes.
+
+    The limit always lies between ``floor`` and the larger of ``floor`` and ``ceiling()``,
+    the operator's limit now. ``in_use(limit)`` says whether the backends serve enough of
+    ``limit`` for growth to mean something.
+    """
+
+    def __init__(
+        self,
+        knobs: Knobs,
+        *,
+        ceiling: Callable[[], int],
+        in_use: Callable[[int], bool] = lambda limit: True,
+    ) -> None:
+        self.knobs = knobs
+        self.ceiling = ceiling
+        self.in_use = in_use
+        #: the no-load time to first byte, seconds; None until the first probe ends
+        self.baseline: float | None = None
+        #: the last window's time to first byte, seconds
+        self.short: float | None = None
+        #: what the last decision was and why, for operators
+        self.reason = "probe: measuring the no-load time to first byte"
+        self._limit: float | None = None  # None during the first probe
+        self._probe: _Probe | None = _Probe(deadline=None, resume=None, samples=[])
+        self._since = -math.inf  # samples of requests handed over before this don't count
+        self._window: list[float] = []
+        self._countdown = math.inf  # samples until the next periodic probe
+        self._stuck = 0
+
+    # -- reading the law --------------------------------------------------------------------
+
+    def limit(self) -> int:
+        """The limit now, between the floor and the ceiling."""
+        floor = self.knobs.floor
+        value = self._limit if self._limit is not None else self.knobs.probe_limit
+        return max(floor, min(int(value), self.ceiling()))
+
+    @property
+    def probing(self) -> bool:
+        return self._probe is not None
+
+    @property
+    def probe_deadline(self) -> float | None:
+        """When the probe under way gives up; None when none is, or for the first one."""
+        return None if self._probe is None else self._probe.deadline
+
+    # -- feeding it -------------------------------------------------------------------------
+
+    def sample(self, seconds: float, now: float) -> None:
+        """One request's time to first byte, ``seconds``, seen at ``now`` (same clock)."""
+        if not 0.0 <= seconds < math.inf:
+            return
+        self.expire(now)
+        if now - seconds < self._since:
+            return
+        probe = self._probe
+        if probe is not None:
+            probe.samples.append(seconds)
+            if len(probe.samples) >= self.knobs.probe_samples:
+                self._end_probe(now)
+            return
+        self._window.append(seconds)
+        self._countdown -= 1
+        if len(self._window) >= self.knobs.window:
+            self._decide(now)
+
+    def expire(self, now: float) -> None:
+        """End the probe under way if its time is up at ``now``; else do nothing."""
+        probe = self._probe
+        if probe is not None and probe.deadline is not None and now >= probe.deadline:
+            self._end_probe(now)
+
+    # -- deciding ---------------------------------------------------------------------------
+
+    def _decide(self, now: float) -> None:
+        knobs = self.knobs
+        short = self.short = statistics.median(self._window)
+        self._window.clear()
+        assert self._limit is not None
+        assert self.baseline is not None
+        floor = knobs.floor
+        top = max(floor, self.ceiling())
+        current = min(max(self._limit, float(floor)), float(top))
+        ratio = short / self.baseline if self.baseline > 0 else math.inf if short > 0 else 1.0
+        if ratio > knobs.tolerance:
+            gradient = max(MAX_CUT, knobs.tolerance / ratio)
+            new = max(float(floor), min(current - 1, current * gradient))
+            self.reason = f"decrease: first bytes take {ratio:.2f}x the no-load time"
+        elif ratio > knobs.grow_within:
+            new = current
+            self.reason = f"hold: first bytes take {ratio:.2f}x the no-load time"
+        elif current >= top:
+            new = current
+            self.reason = "hold: at the operator's limit"
+        elif not self.in_use(int(current)):
+            new = current
+            self.reason = "hold: the limit is not in use"
+        else:
+            new = min(float(top), current + math.sqrt(current))
+            self.reason = f"increase: first bytes take {ratio:.2f}x the no-load time"
+        self._limit = new
+        if int(new) != int(current):
+            self._since = now
+        self._stuck = self._stuck + 1 if new <= floor and ratio > knobs.tolerance else 0
+        if self._countdown <= 0 or self._stuck >= STUCK_WINDOWS:
+            self._start_probe(now)
+
+    def _start_probe(self, now: float) -> None:
+        knobs = self.knobs
+        current = self._limit
+        assert current is not None
+        self._probe = _Probe(deadline=now + knobs.probe_timeout_s, resume=current, samples=[])
+        self._limit = min(current, float(knobs.probe_limit))
+        self._since = now
+        self._window.clear()
+        self._stuck = 0
+        self.reason = "probe: measuring the no-load time to first byte"
+
+    def _end_probe(self, now: float) -> None:
+        probe = self._probe
+        assert probe is not None
+        if probe.samples:
+            self.baseline = statistics.median(probe.samples)
+            self.reason = f"probed: no-load time to first byte {self.baseline * 1000:.1f} ms"
+        elif self.baseline is None:
+            return  # cannot happen (the first probe has no deadline); keep probing
+        else:
+            self.reason = "probe timed out without a sample; the no-load time stays"
+        knobs = self.knobs
+        if probe.resume is not None:
+            self._limit = probe.resume
+        elif knobs.initial is not None:
+            self._limit = float(knobs.initial)
+        else:
+            self._limit = float(max(knobs.floor, self.ceiling()))
+        self._probe = None
+        self._since = now
+        self._window.clear()
+        self._stuck = 0
+        every = knobs.probe_every
+        self._countdown = every * max(1, self.limit()) if every > 0 else math.inf

@@ -1,0 +1,107 @@
+"""The provider in a real gateway (the middleware and its streaming proxy) in front of a
+simulated backend (``obleth mock-backend``, a process of its own) with four batch slots:
+a burst queues inside the backend, first tokens come late, and the limit falls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from gateway import Gateway, GatewayMiddleware, Settings
+from gateway.proxy import ProxyApp
+
+from obleth_adaptive import AdaptiveLimit, plugin
+
+HOST = "127.0.0.1"
+CEILING = 24
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def backend() -> Iterator[str]:
+    """A simulated backend running 4 sequences at once, 5 ms per decode step and 0.5 ms
+    of prefill per prompt token: a request beyond the fourth waits inside it for a slot,
+    so its first token comes late."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "gateway", "mock-backend", "--host", HOST, "--port",
+            str(port), "--log-level", "warning", "--max-num-seqs", "4", "--step-ms", "5",
+            "--step-ms-per-seq", "0", "--prefill-ms-per-token", "0.5",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://{HOST}:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            assert process.poll() is None, "the simulated backend exited"
+            assert time.monotonic() < deadline, "the simulated backend did not start"
+            time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_first_tokens_delayed_at_the_backend_cut_the_gateways_limit(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of 64 streamed completions: the probe measures the unloaded first token,
+    the limit opens to the operator's 24, the backend queues all but 4 of them, and the
+    late first tokens bring the limit down."""
+    for name, value in {"WINDOW": "4", "PROBE_SAMPLES": "3", "PROBE_EVERY": "0"}.items():
+        monkeypatch.setenv("OBLETH_ADAPTIVE_" + name, value)
+    settings = Settings(
+        global_max_in_flight=CEILING,
+        capacity_providers=("static", "adaptive"),
+        upstreams=[backend],
+        upstream_poll_interval_s=0.05,
+    )
+
+    async def scenario() -> tuple[list[tuple[int, str]], list[int], dict[str, object]]:
+        gateway = Gateway(settings, plugins=[plugin], entry_points=False)
+        provider = gateway.providers["adaptive"]
+        assert isinstance(provider, AdaptiveLimit)
+        changes: list[tuple[int, str]] = []
+        provider.subscribe(lambda: changes.append((provider.max_in_flight(), provider.law.reason)))
+        proxy = ProxyApp()
+        app = GatewayMiddleware(proxy, gateway=gateway)
+        prompt = "word " * 100  # 125 tokens: about 60 ms of prefill
+        body = {"model": "m", "prompt": prompt, "max_tokens": 16, "stream": True}
+        transport = httpx.ASGITransport(app=app)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+                answers = await asyncio.gather(
+                    *(client.post("/v1/completions", json=body, timeout=60) for _ in range(64))
+                )
+        finally:
+            await gateway.stop()
+            await proxy.aclose()
+        return changes, [answer.status_code for answer in answers], provider.explain()
+
+    changes, statuses, explained = asyncio.run(scenario())
+
+    assert statuses == [200] * 64
+    limits = [limit for limit, _ in changes]
+    assert limits[0] == CEILING, changes  # the first probe ended, the limit opened
+    assert min(limits[1:], default=CEILING) < CEILING, changes
+    assert any(reason.startswith("decrease") for _, reason in changes), changes
+    assert explained["baseline_s"] is not None

@@ -1,0 +1,101 @@
+"""The provider on the gateway's own ``Readings``: signals from readings, decisions once
+per polling round, announced changes, and the knobs read from the environment."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from gateway import ConfigError, Reading, Readings
+
+from obleth_kv_pressure import Knobs, KvPressureLimit
+from obleth_kv_pressure.plugin import knobs_from
+
+A, B = "http://a:8000", "http://b:8000"
+
+
+def reading(url: str, **numbers: float) -> Reading:
+    return Reading(url, healthy=True, at=time.monotonic(), **numbers)
+
+
+def wired(initial: int | None = None, ceiling: int = 64) -> tuple[KvPressureLimit, Readings]:
+    readings = Readings([A, B], stale_after_s=60.0)
+    provider = KvPressureLimit(Knobs(), initial)
+    provider.use_ceiling(lambda: ceiling)
+    provider.use_readings(readings)
+    return provider, readings
+
+
+def poll(readings: Readings, *found: Reading) -> None:
+    for each in found:
+        readings.update(each)
+    readings.notify()
+
+
+def test_before_any_round_it_admits_the_operators_limit() -> None:
+    provider, _ = wired(ceiling=64)
+    assert provider.max_in_flight() == 64
+    assert wired(initial=16)[0].max_in_flight() == 16
+
+
+def test_a_rise_of_the_preemption_counter_cuts_and_is_announced() -> None:
+    provider, readings = wired()
+    told: list[int] = []
+    provider.subscribe(lambda: told.append(provider.max_in_flight()))
+    # the first round only learns where the counters stand
+    poll(readings, reading(A, preemptions=40, kv_usage=0.5), reading(B, preemptions=7))
+    assert provider.max_in_flight() == 64
+    assert told == []
+    poll(readings, reading(A, preemptions=43, kv_usage=0.5), reading(B, preemptions=7))
+
+    assert told == [44]
+    assert provider.explain()["reason"] == "decrease: 3 preemptions"
+    assert provider.explain()["signals"] == {
+        "fresh_upstreams": 2,
+        "kv_usage": 0.5,
+        "preemptions": 3.0,
+        "queued": 0.0,
+        "serving": 0.0,
+    }
+
+
+def test_a_counter_that_went_down_is_a_restarted_backend_whose_count_is_new() -> None:
+    provider, readings = wired()
+    poll(readings, reading(A, preemptions=40), reading(B, preemptions=0))
+    poll(readings, reading(A, preemptions=2), reading(B, preemptions=0))
+    assert provider.last_signals is not None
+    assert provider.last_signals.preemptions == 2
+
+
+def test_stale_and_unhealthy_backends_are_left_out() -> None:
+    provider, readings = wired()
+    poll(
+        readings,
+        Reading(A, healthy=True, kv_usage=0.99, at=time.monotonic() - 3600),
+        Reading(B, healthy=False, kv_usage=0.99, at=time.monotonic()),
+    )
+    assert provider.max_in_flight() == 64
+    assert provider.explain()["reason"] == "hold: no fresh reading from any backend"
+
+
+def test_room_with_the_limit_in_use_grows_it_up_to_the_ceiling() -> None:
+    provider, readings = wired(initial=30, ceiling=32)
+    for _ in range(5):
+        poll(readings, reading(A, running=20, kv_usage=0.2), reading(B, running=15))
+    assert provider.max_in_flight() == 32
+
+
+def test_knobs_come_from_the_environment_and_bad_ones_are_named() -> None:
+    knobs, initial = knobs_from(
+        {"OBLETH_KV_PRESSURE_HIGH": "0.95", "OBLETH_KV_PRESSURE_INITIAL": "12"}
+    )
+    assert (knobs.high, knobs.low, knobs.cooldown_rounds, initial) == (0.95, 0.80, 3, 12)
+    assert knobs_from({"OBLETH_KV_PRESSURE_COOLDOWN_ROUNDS": "0"})[0].cooldown_rounds == 0
+    with pytest.raises(ConfigError, match=r"OBLETH_KV_PRESSURE_HIGH='lots'.*fraction"):
+        knobs_from({"OBLETH_KV_PRESSURE_HIGH": "lots"})
+    with pytest.raises(ConfigError, match=r"OBLETH_KV_PRESSURE_LOW=0\.9: must not be above"):
+        knobs_from({"OBLETH_KV_PRESSURE_LOW": "0.9", "OBLETH_KV_PRESSURE_HIGH": "0.8"})
+    with pytest.raises(ConfigError, match="OBLETH_KV_PRESSURE_DECREASE"):
+        knobs_from({"OBLETH_KV_PRESSURE_DECREASE": "1"})
+    with pytest.raises(ConfigError, match="OBLETH_KV_PRESSURE_FLOOR='0'"):
+        knobs_from({"OBLETH_KV_PRESSURE_FLOOR": "0"})
