@@ -261,15 +261,21 @@ def main() -> None:
     print(f"\nbest static: {best.name}, goodput {best.goodput(args.slo):.2f} req/s")
     for run in computed:
         good = run.goodput(args.slo)
+        over_four = _times(good, four.goodput(args.slo))
         print(
             f"{run.name}: goodput {good / best.goodput(args.slo):.2f}x best static "
-            "(target >= 0.90), "
-            f"{good / max(1e-9, four.goodput(args.slo)):.2f}x static 4x (target >= 2), "
-            f"preemptions {run.preemptions / max(1.0, four.preemptions):.2f}x static 4x "
-            "(target <= 0.25)"
+            f"(target >= 0.90), {over_four} static 4x (target >= 2x), preemptions "
+            f"{_times(run.preemptions, four.preemptions)} static 4x (target <= 0.25x)"
         )
     median_ttft = statistics.median(best.ttft) if best.ttft else 0.0
     print(f"(best static's TTFT median {median_ttft * 1000:.0f} ms)")
+
+
+def _times(value: float, baseline: float) -> str:
+    """``value`` as a multiple of ``baseline``; a baseline of 0 has no multiple."""
+    if baseline <= 0:
+        return "inf x" if value > 0 else "0/0 of"
+    return f"{value / baseline:.2f}x"
 
 
 if __name__ == "__main__":
