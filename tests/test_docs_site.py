@@ -232,6 +232,17 @@ def test_worked_example_shows_the_shipped_plugin_module() -> None:
     assert _without_docstrings(shown) == _without_docstrings(module.read_text(encoding="utf-8"))
 
 
+def test_the_kv_pressure_walkthrough_shows_the_shipped_provider() -> None:
+    """The provider code the guide walks through is the shipped kv-pressure provider's,
+    line for line and in order (docstrings and comments aside)."""
+    guide = (DOCS / "plugins.md").read_text(encoding="utf-8")
+    (shown,) = _fenced(guide, "A worked provider that reads the backends: `kv-pressure`")
+    source = REPO / "plugins" / "obleth-kv-pressure" / "src" / "obleth_kv_pressure"
+    shipped = iter((source / "provider.py").read_text(encoding="utf-8").splitlines())
+    for line in (line for line in shown.splitlines() if line.strip()):
+        assert any(candidate == line for candidate in shipped), f"not in provider.py: {line}"
+
+
 def test_testing_a_plugin_snippet_is_the_example_test_and_passes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
