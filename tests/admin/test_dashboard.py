@@ -17,7 +17,7 @@ import math
 import re
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -38,6 +38,8 @@ from gateway.protocols import Permit
 from gateway.sim import create_app
 from gateway.types import ASGIApp, Receive, Scope, Send
 from tests.admin.client import BEARER, TOKEN
+from tests.backends.dial import Dial, DialPlugin
+from tests.backends.redis_pods import POD_SETTINGS, TTL, backend, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -277,10 +279,12 @@ def chromium(tmp_path: Path) -> Chromium:
 
 @asynccontextmanager
 async def served(
-    wrap: Callable[[ASGIApp], ASGIApp] | None = None, **settings: Any
+    wrap: Callable[[ASGIApp], ASGIApp] | None = None,
+    plugins: Sequence[object] = (),
+    **settings: Any,
 ) -> AsyncIterator[tuple[Gateway, str]]:
     """A started gateway and the base URL of its admin API (of ``wrap(admin_app)``)."""
-    gateway = Gateway(Settings(**settings), entry_points=False)
+    gateway = Gateway(Settings(**settings), plugins=plugins, entry_points=False)
     await gateway.start()
     try:
         app = admin_app(gateway)
@@ -553,3 +557,32 @@ async def docs_screenshot(path: Path) -> None:
 
 if __name__ == "__main__":
     asyncio.run(docs_screenshot(Path(sys.argv[1] if len(sys.argv) > 1 else "dashboard.png")))
+
+
+async def test_a_computed_limit_is_shown_with_the_pod_that_computed_it(
+    chromium: Chromium, redis_url: str, pool_name: str
+) -> None:
+    """In cluster mode the page says which pod computed a computed provider's value, and
+    which pod leads."""
+    async with served(
+        plugins=[DialPlugin(Dial(4))],
+        admin_token=TOKEN,
+        redis_url=redis_url,
+        pool=pool_name,
+        capacity_providers=("static", "dial"),
+        global_max_in_flight=10,
+        **POD_SETTINGS,
+    ) as (gateway, url):
+        pod = backend(gateway).pod
+
+        async def heard() -> bool:
+            pool = gateway.pool_capacity
+            return pool is not None and pool.in_use("dial") is not None
+
+        assert await eventually(heard, 3 * TTL)
+        page = await chromium.dom(f"{url}/dashboard#token={TOKEN}")
+
+    assert page.by_id("limit").text() == "4"
+    providers = [item.text() for item in page.by_id("providers").all("li")]
+    assert providers == ["static: 10", f"dial: 4 (computed by {pod})"]
+    assert page.by_id("cluster-leader").text() == pod
