@@ -31,13 +31,14 @@ import tempfile
 import time
 import weakref
 from collections import Counter
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import httpx
+import pytest
 
 from gateway.routing.httpclient import KEEPALIVE_EXPIRY_S
 
@@ -349,6 +350,15 @@ class Pod(_Server):
         """``GET /_pod/stats``: ``admitted``, ``released``, ``rejected`` (by reason),
         ``limit``, ``inflight``, ``queued`` and ``pid``."""
         return self._get("/_pod/stats")
+
+
+def wait_for(check: Callable[[], bool], within_s: float, what: str) -> None:
+    """Poll ``check`` until it holds; a bounded wait, not a measurement."""
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {within_s} s")
+        time.sleep(0.02)
 
 
 def set_limit(pod: Pod, limit: int) -> None:

@@ -9,17 +9,15 @@ on a follower is every pod's.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from gateway.backends.redis.keys import PoolKeys
-from tests.cluster.pods import Pod, SimBackend, drive, set_limit
+from tests.cluster.pods import Pod, SimBackend, drive, set_limit, wait_for
 from tests.redis_procs import RedisServer
 
 CEILING = 20
@@ -92,15 +90,6 @@ def enforce(pods: list[Pod], limit: int, leader: str | None = None) -> Callable[
         return True
 
     return check
-
-
-def wait_for(check: Callable[[], bool], within_s: float, what: str) -> None:
-    """Poll ``check`` until it holds; a bounded wait, not a measurement."""
-    deadline = time.monotonic() + within_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {within_s} s")
-        time.sleep(0.02)
 
 
 def peak_under_load(sim: SimBackend, pods: list[Pod]) -> int:

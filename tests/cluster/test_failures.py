@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,16 @@ import pytest
 
 from gateway.backends.redis.audit import PoolAudit, audit_sync
 from gateway.backends.redis.keys import PoolKeys
-from tests.cluster.pods import LoadResult, Pod, Pods, SimBackend, background, drive, set_limit
+from tests.cluster.pods import (
+    LoadResult,
+    Pod,
+    Pods,
+    SimBackend,
+    background,
+    drive,
+    set_limit,
+    wait_for,
+)
 from tests.redis_procs import RedisServer, TcpProxy
 
 LIMIT = 8
@@ -103,15 +111,6 @@ def pool(redis_server: RedisServer, pool_name: str) -> Pool:
 @pytest.fixture
 def own_pool(own_redis: RedisServer, pool_name: str) -> Pool:
     return Pool(own_redis, pool_name)
-
-
-def wait_for(check: Callable[[], bool], within_s: float, what: str) -> None:
-    """Poll ``check`` until it holds; a bounded wait, not a measurement."""
-    deadline = time.monotonic() + within_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {within_s} s")
-        time.sleep(0.02)
 
 
 def released_all(pods: Pods | list[Pod]) -> list[dict[str, Any]]:
