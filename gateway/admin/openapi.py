@@ -6,25 +6,21 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import json
-from typing import Any, get_args, get_type_hints
+from typing import Any
 
+from gateway.admin import schemas
 from gateway.admin.contract import (
     CAPACITY_PATH,
-    FROM_OWN,
-    FROM_POOL,
     MAX_BODY_BYTES,
     MAX_LIMIT,
     STATUS_PATH,
 )
 from gateway.admin.dashboard import DASHBOARD_PATH
-from gateway.core.tickets import PRIORITIES
-from gateway.routing.decisions import REROUTED, ROUTED
-from gateway.settings import Settings
+from gateway.admin.schemas import Schema
 from gateway.types import Send
 
 OPENAPI_PATH = "/api/v1/openapi.json"
 
-Schema = dict[str, Any]
 
 _ABOUT = (
     "Reads and changes a running Obleth gateway's limit on requests in flight, and reports "
@@ -62,14 +58,14 @@ def document() -> dict[str, Any]:
                 }
             },
             "schemas": {
-                "Capacity": _capacity(maximum=None),
-                "CapacityChange": _capacity(maximum=MAX_LIMIT),
-                "Status": _status(),
-                "Tenant": _tenant(),
-                "Upstream": _upstream(),
-                "Routing": _routing(),
-                "Cluster": _cluster(),
-                "Error": _error(),
+                "Capacity": schemas.capacity(maximum=None),
+                "CapacityChange": schemas.capacity(maximum=MAX_LIMIT),
+                "Status": schemas.status(),
+                "Tenant": schemas.tenant(),
+                "Upstream": schemas.upstream(),
+                "Routing": schemas.routing(),
+                "Cluster": schemas.cluster(),
+                "Error": schemas.error(),
             },
             "responses": {
                 "Unauthorized": {
@@ -81,7 +77,7 @@ def document() -> dict[str, Any]:
                             "schema": {"type": "string"},
                         }
                     },
-                    "content": _json(_ref("Error")),
+                    "content": _json(schemas.ref("Error")),
                 }
             },
         },
@@ -108,16 +104,12 @@ def _version() -> str:
         return "0+unknown"
 
 
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
 def _json(schema: Schema) -> dict[str, Any]:
     return {"application/json": {"schema": schema}}
 
 
 def _error_response(description: str) -> dict[str, Any]:
-    return {"description": description, "content": _json(_ref("Error"))}
+    return {"description": description, "content": _json(schemas.ref("Error"))}
 
 
 def _unauthorized() -> dict[str, Any]:
@@ -138,7 +130,10 @@ def _capacity_path() -> dict[str, Any]:
             "description": "In cluster mode the pool's limit, as this pod last heard it.",
             "security": _guarded(),
             "responses": {
-                "200": {"description": "The limit in force.", "content": _json(_ref("Capacity"))},
+                "200": {
+                    "description": "The limit in force.",
+                    "content": _json(schemas.ref("Capacity")),
+                },
                 "401": _unauthorized(),
             },
         },
@@ -152,7 +147,7 @@ def _capacity_path() -> dict[str, Any]:
                 "required": True,
                 "content": {
                     "application/json": {
-                        "schema": _ref("CapacityChange"),
+                        "schema": schemas.ref("CapacityChange"),
                         "example": {"max_in_flight": 300},
                     }
                 },
@@ -160,7 +155,7 @@ def _capacity_path() -> dict[str, Any]:
             "responses": {
                 "200": {
                     "description": "The new limit, in force.",
-                    "content": _json(_ref("CapacityChange")),
+                    "content": _json(schemas.ref("CapacityChange")),
                 },
                 "401": _unauthorized(),
                 "409": _error_response(
@@ -187,7 +182,7 @@ def _status_path() -> dict[str, Any]:
             "summary": "The gateway's state now",
             "security": _guarded(),
             "responses": {
-                "200": {"description": "The state.", "content": _json(_ref("Status"))},
+                "200": {"description": "The state.", "content": _json(schemas.ref("Status"))},
                 "401": _unauthorized(),
             },
         },
@@ -206,230 +201,3 @@ def _public_path(operation: str, what: str, media_type: str, schema: Schema) -> 
             },
         },
     }
-
-
-def _integer(description: str, **bounds: int) -> Schema:
-    return {"type": "integer", "description": description, **bounds}
-
-
-def _fixed(properties: dict[str, Schema], description: str) -> Schema:
-    """An object with exactly ``properties``, all of them present."""
-    return {
-        "type": "object",
-        "description": description,
-        "required": list(properties),
-        "properties": properties,
-        "additionalProperties": False,
-    }
-
-
-def _capacity(*, maximum: int | None) -> Schema:
-    limit = _integer("The limit on requests in flight; 0 pauses admissions.", minimum=0)
-    if maximum is not None:
-        limit["maximum"] = maximum
-    what = "The limit in force." if maximum is None else "A limit to set."
-    return _fixed({"max_in_flight": limit}, what)
-
-
-def _status() -> Schema:
-    """What ``status.status()`` returns."""
-    providers = {
-        "type": "object",
-        "description": "Each capacity provider's value, by name, as the limit uses it (in "
-        "cluster mode a computed provider's is the pool's); null while it fails to answer "
-        "(the gateway keeps its last good one).",
-        "additionalProperties": {"type": ["integer", "null"]},
-    }
-    computed = {
-        "type": "object",
-        "description": "Each computed capacity provider (every one that cannot be set), by "
-        "name: where the value in use comes from.",
-        "additionalProperties": _fixed(
-            {
-                "source": {
-                    "type": "string",
-                    "enum": [FROM_POOL, FROM_OWN],
-                    "description": "`pool`: the value the pod holding the leader lease wrote "
-                    "to Redis; `own`: this process computed it (in process, before the pod "
-                    "heard the pool's, or while Redis cannot be reached).",
-                },
-                "pod": {
-                    "type": ["string", "null"],
-                    "description": "The pod that computed it (as `cluster.pod` names pods); "
-                    "null in process.",
-                },
-                "at": {
-                    "type": ["number", "null"],
-                    "description": "When that pod last wrote it, in Unix time on Redis' clock; "
-                    "null for `own`.",
-                },
-            },
-            "Where one computed provider's value comes from.",
-        ),
-    }
-    by_class = {
-        "type": "object",
-        "description": "Requests waiting, per priority class.",
-        "required": list(PRIORITIES),
-        "properties": {name: {"type": "integer"} for name in PRIORITIES},
-        "additionalProperties": {"type": "integer"},
-    }
-    other = _fixed(
-        {
-            "tenants": _integer("How many tenants are not listed."),
-            "in_flight": _integer("Seats they hold."),
-            "waiting": _integer("Requests of theirs waiting."),
-        },
-        "The tenants not listed, summed up.",
-    )
-    tenants = _fixed(
-        {
-            "listed": {
-                "type": "object",
-                "description": "The most active tenants (seats held plus requests waiting), "
-                "by name, at most `telemetry_tenants`.",
-                "additionalProperties": _ref("Tenant"),
-            },
-            "other": other,
-        },
-        "Tenants, bounded: the most active by name, the rest summed up.",
-    )
-    return _fixed(
-        {
-            "capacity": _fixed(
-                {
-                    "max_in_flight": _integer("The limit in force.", minimum=0),
-                    "providers": providers,
-                    "computed": computed,
-                },
-                "The limit and where it comes from.",
-            ),
-            "in_flight": _integer("Seats held."),
-            "queued": _integer("Requests waiting in the fair queue."),
-            "max_queue": _integer("The fair queue's bound."),
-            "queued_by_class": by_class,
-            "tenants": tenants,
-            "upstreams": {
-                "type": "object",
-                "description": "Each upstream, by URL.",
-                "additionalProperties": _ref("Upstream"),
-            },
-            "routing": {
-                "description": "null without upstreams; else how requests are routed.",
-                "anyOf": [_ref("Routing"), {"type": "null"}],
-            },
-            "cluster": {
-                "description": "null in process; the pool as this pod last heard it from Redis "
-                "in cluster mode.",
-                "anyOf": [_ref("Cluster"), {"type": "null"}],
-            },
-            "started": {"type": "boolean", "description": "Whether the gateway has started."},
-        },
-        "The gateway's state at one instant.",
-    )
-
-
-def _tenant() -> Schema:
-    return _fixed(
-        {
-            "in_flight": _integer("Seats held."),
-            "waiting": _integer("Requests waiting."),
-            "weight": {"type": "number", "description": "Its weight in the fair queue."},
-            "share": {"type": "number", "description": "Its share of the seats in flight."},
-        },
-        "One tenant's activity.",
-    )
-
-
-def _upstream() -> Schema:
-    def reading(description: str) -> Schema:
-        return {"type": ["number", "null"], "description": description}
-
-    return _fixed(
-        {
-            "healthy": {"type": "boolean", "description": "The health check's verdict."},
-            "in_flight": _integer("This gateway's requests there (the pool's in cluster mode)."),
-            "routed": _integer("Requests sent there."),
-            "rerouted": _integer("Requests sent there after another upstream failed them."),
-            "running": reading("Requests in its running batch, as last read."),
-            "waiting": reading("Requests queued inside it, as last read."),
-            "kv_usage": reading("KV-cache usage, 0.0 to 1.0, as last read."),
-            "reading_age_s": reading("Seconds since the last reading; null if never read."),
-        },
-        "One upstream: the gateway's requests there and its latest reading.",
-    )
-
-
-def _routing() -> Schema:
-    choice = _fixed(
-        {
-            "at": {"type": "number", "description": "When, in Unix time."},
-            "upstream": {"type": "string", "description": "The upstream chosen."},
-            "kind": {"type": "string", "enum": [ROUTED, REROUTED]},
-            "scores": {
-                "type": "object",
-                "description": "Each scorer's score of the upstream chosen.",
-                "additionalProperties": {"type": "number"},
-            },
-        },
-        "One choice of an upstream.",
-    )
-    return _fixed(
-        {
-            "policy": {"type": "string", "enum": _choices("routing_policy")},
-            "recent": {
-                "type": "array",
-                "description": "The latest choices, newest first.",
-                "items": choice,
-            },
-        },
-        "How requests are routed.",
-    )
-
-
-def _cluster() -> Schema:
-    failure_modes = _choices("redis_failure_mode")
-    return _fixed(
-        {
-            "pool": {"type": "string", "description": "The pool's name."},
-            "pod": {"type": "string", "description": "This pod's id in the pool."},
-            "leader": {
-                "type": ["string", "null"],
-                "description": "The pod holding the leader lease, which computes the "
-                "computed capacity providers for the pool, as this pod last asked; null "
-                "when none holds it, or no computed provider is selected here.",
-            },
-            "live_pods": _integer("Pods of the pool alive."),
-            "mode": {
-                "type": "string",
-                "enum": ["redis", *failure_modes],
-                "description": "`redis`, or the failure mode in force.",
-            },
-            "degraded": {"type": "boolean", "description": "Whether Redis cannot be reached."},
-            "failure_mode": {
-                "type": "string",
-                "enum": failure_modes,
-                "description": "What the pod does while Redis cannot be reached.",
-            },
-        },
-        "The pool in cluster mode.",
-    )
-
-
-def _choices(setting: str) -> list[str]:
-    """The values a ``Literal`` setting takes."""
-    return list(get_args(get_type_hints(Settings)[setting]))
-
-
-def _error() -> Schema:
-    """What ``responses.error_document`` builds."""
-    detail = _fixed(
-        {
-            "message": {"type": "string", "description": "What happened and what to do."},
-            "type": {"type": "string", "description": "The class of error, following the status."},
-            "param": {"type": ["string", "null"], "description": "The field at fault."},
-            "code": {"type": ["string", "null"], "description": "The reason, for programs."},
-        },
-        "The error.",
-    )
-    return _fixed({"error": detail}, "An OpenAI-style error.")
