@@ -180,7 +180,8 @@ def test_the_wait_in_the_gateways_queue_is_left_out() -> None:
         await asyncio.gather(holding, waiting)
         assert (first.text, second.text) == (b"token", b"token")
         _, sample = timing(gw).samples
-        assert waited[0] >= 0.2
+        assert waited[0] > 0  # it did wait in the queue
+        # the sample starts after the seat came back: the wait is not in it
         assert sample <= marks["first_token"] - marks["released"]
 
     run(scenario)

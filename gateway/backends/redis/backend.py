@@ -13,8 +13,9 @@ holds and the waiters it has queued (``PodState``), and four roles share it:
   ``redis_retry_budget_s``, ``redis_failure_mode`` decides (see ``Fallback``); when it
   answers again, the pod re-asserts what it holds and hands its local waiters back to
   the shared queue;
-- ``LeaderLease`` (leader.py), when computed capacity providers are selected: the pod
-  holding it sends their values, which every pod then uses (``PoolCapacity``).
+- ``Leadership`` (leadership.py): the leader lease (leader.py), when computed capacity
+  providers are selected: the pod holding it sends their values, which every pod then
+  uses (``PoolCapacity``); and the ceiling this pod sets.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from gateway.backends.redis.calls import FAILED, Caller, RedisUnavailable, call_timeout_s
+from gateway.backends.redis.calls import Caller, RedisUnavailable, call_timeout_s
 from gateway.backends.redis.channel import PodChannel
 from gateway.backends.redis.connect import Client, connect
 from gateway.backends.redis.failure_mode import FailureMode
 from gateway.backends.redis.keys import unescape_tenant
-from gateway.backends.redis.leader import LeaderLease
+from gateway.backends.redis.leadership import Leadership
 from gateway.backends.redis.leases import Leases
 from gateway.backends.redis.pod import PodState, PoolView, fail
 from gateway.backends.redis.pool_capacity import PoolCapacity
@@ -72,7 +73,6 @@ class RedisBackend:
         self._limit = limit
         self._decide = policy.decide
         self._state = state = PodState(settings, limit, capacity)
-        self._capacity = capacity
         self.pod = state.id
         self._client_given = client is not None
         self._client: Client = client or connect(
@@ -91,19 +91,8 @@ class RedisBackend:
         self._channel = PodChannel(state, self._client, self._caller, self._leases, self._failure)
         self._tasks: list[asyncio.Task[None]] = []
         self._view = PoolView(state)
-        #: the leader lease, asked for only by pods with computed providers
-        self._lease: LeaderLease | None = None
-        if capacity.computed:
-            self._lease = LeaderLease(
-                self._client,
-                state.keys,
-                state.id,
-                ttl_s=settings.lease_ttl_s,
-                on_gained=self._send_computed,
-            )
-            capacity.leading = self._lease.leading
-        capacity.ceiling_set = self._send_ceiling
-        capacity.own_changed = self._send_computed
+        #: the leader lease (with computed providers) and what this pod says of capacity
+        self._leadership = Leadership(self._client, state, settings, self._caller.kick)
         observe(self)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -123,14 +112,8 @@ class RedisBackend:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._settings.redis_retry_budget_s + 1):
                 await self._channel.subscribed.wait()
-        lease = self._lease
-        if lease is not None:
-            # asked once before the first call, which then carries the computed values if
-            # this pod leads; then kept at the heartbeat's pace
-            with contextlib.suppress(*FAILED, TimeoutError):
-                async with asyncio.timeout(call_timeout_s(self._settings)):
-                    await lease.hold()
-            keep = loop.create_task(lease.keep(lambda: state.running), name="obleth-leader")
+        keep = await self._leadership.start(lambda: state.running)
+        if keep is not None:
             self._tasks.append(keep)
         self._caller.kick()
         flusher = self._caller.flusher
@@ -159,11 +142,7 @@ class RedisBackend:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
-        if self._lease is not None and self._lease.leading():
-            # another pod takes over at its next try rather than a TTL from now
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(call_timeout_s(self._settings)):
-                    await self._lease.resign()
+        await self._leadership.resign()
         with contextlib.suppress(Exception):
             await self._script.aclose()
         if not self._client_given:
@@ -244,18 +223,6 @@ class RedisBackend:
         if fallback is not None:
             fallback.reshare(self._failure.local_share())
 
-    def _send_ceiling(self, ceiling: int) -> None:
-        """The operator's limit changed on this pod: it becomes the pool's ceiling."""
-        self._state.batch.ceiling = ceiling
-        self._caller.kick()
-
-    def _send_computed(self) -> None:
-        """A computed value changed here, or this pod took the leader lease: if it leads,
-        its values become the pool's."""
-        if self._lease is not None and self._lease.leading():
-            self._state.batch.computed = self._capacity.own_values() or None
-            self._caller.kick()
-
     def snapshot(self) -> Snapshot:
         """The pool as of the last reply; tenants as this pod sees them (its own requests).
 
@@ -303,12 +270,12 @@ class RedisBackend:
     def leader(self) -> str | None:
         """The pod holding the leader lease, as this pod last asked (None: nobody, not yet
         asked, or no computed providers here)."""
-        return self._lease.holder if self._lease is not None else None
+        return self._leadership.holder
 
     @property
     def leading(self) -> bool:
         """Whether this pod holds the leader lease (its computed values are the pool's)."""
-        return self._lease is not None and self._lease.leading()
+        return self._leadership.leading()
 
     @property
     def local_share(self) -> int:
