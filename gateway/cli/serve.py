@@ -4,11 +4,10 @@ streaming proxy, for users without an ASGI app of their own."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import socket
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
 from gateway.proxy.models import ModelCatalog, ModelList
 from gateway.server import BodyTimeout, bounded_protocol
+from gateway.server.running import serve
 from gateway.server.workers import Workers, listening_socket, worker_sockets
 from gateway.settings import Settings
 from gateway.telemetry.instruments import watch
@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if workers > 1:
         return _serve_workers(plan, admin, workers)
-    _serve(_servers(plan, settings, app, tracing))
+    serve(_servers(plan, settings, app, tracing))
     return 0
 
 
@@ -303,11 +303,6 @@ def _servers(
     return servers
 
 
-def _serve(servers: list[uvicorn.Server], sockets: Sequence[socket.socket] | None = None) -> None:
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(_serve_all(servers, sockets))
-
-
 def _serve_workers(plan: _Plan, admin: bool, workers: int) -> int:
     """``--workers N``: bind the gateway's sockets (one per worker, see
     ``gateway.server.workers``) and the admin API's here, and serve them from ``workers``
@@ -346,18 +341,7 @@ def _worker(plan: _Plan, sockets: list[socket.socket]) -> None:
         print(f"obleth: {exc}", file=sys.stderr)
         sys.exit(STARTUP_FAILURE)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C reaches every worker too
-        _serve(_servers(plan, settings, app, tracing), sockets)
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop when it is installed (``uvicorn[standard]`` brings it), as
-    uvicorn itself would choose: the servers run on a loop of ours, not one uvicorn sets
-    up. None: asyncio's own."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
+        serve(_servers(plan, settings, app, tracing), sockets)
 
 
 class _AfterShutdown:
@@ -381,23 +365,3 @@ class _AfterShutdown:
                 self.then()
 
         await self.app(scope, receive, sending)
-
-
-async def _serve_all(
-    servers: list[uvicorn.Server], sockets: Sequence[socket.socket] | None = None
-) -> None:
-    """Serve every server on this loop until a signal stops them; if one stops (it could
-    not bind its port), the others are told to stop too. ``sockets``, one per server, are
-    listeners bound already (by the parent of ``--workers``); without, each binds its own."""
-    tasks = [
-        asyncio.create_task(server.serve(None if sockets is None else [sockets[i]]))
-        for i, server in enumerate(servers)
-    ]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for server in servers:
-            server.should_exit = True
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for task in tasks:
-        task.result()  # a server's own error, if it had one
