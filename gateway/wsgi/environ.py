@@ -15,9 +15,16 @@ _UNPREFIXED = {"CONTENT_TYPE": b"content-type", "CONTENT_LENGTH": b"content-leng
 _CHUNK = 64 * 1024
 
 
-def scope_of(environ: WSGIEnvironment) -> Scope:
-    """The ASGI HTTP scope of ``environ``: method, path (decoded as UTF-8, as ASGI
-    servers do), query string, headers (lower-case names, in bytes), client and server.
+def path_of(environ: WSGIEnvironment) -> tuple[bytes, str]:
+    """The request path's bytes (WSGI hands them over as latin-1 text) and the path as
+    ASGI servers give it, decoded as UTF-8."""
+    raw = environ.get("PATH_INFO", "").encode("latin-1")
+    return raw, raw.decode("utf-8", "replace")
+
+
+def scope_of(environ: WSGIEnvironment, raw_path: bytes, path: str) -> Scope:
+    """The ASGI HTTP scope of ``environ`` (whose path ``path_of`` read): method, path,
+    query string, headers (lower-case names, in bytes), client and server.
     Its ``state`` is a new dict, where the gateway puts its record of the request."""
     headers: list[tuple[bytes, bytes]] = []
     for key, value in environ.items():
@@ -29,8 +36,6 @@ def scope_of(environ: WSGIEnvironment) -> Scope:
                 continue
             name = unprefixed
         headers.append((name, value.encode("latin-1")))
-    # WSGI hands the path over as latin-1 text of the raw bytes
-    raw_path = environ.get("PATH_INFO", "").encode("latin-1")
     root = environ.get("SCRIPT_NAME", "").encode("latin-1").decode("utf-8", "replace")
     protocol = environ.get("SERVER_PROTOCOL", "HTTP/1.1")
     scope: dict[str, Any] = {
@@ -39,7 +44,7 @@ def scope_of(environ: WSGIEnvironment) -> Scope:
         "http_version": protocol.partition("/")[2] or "1.1",
         "method": environ.get("REQUEST_METHOD", "GET").upper(),
         "scheme": environ.get("wsgi.url_scheme", "http"),
-        "path": raw_path.decode("utf-8", "replace"),
+        "path": path,
         "raw_path": raw_path,
         "root_path": root,
         "query_string": environ.get("QUERY_STRING", "").encode("latin-1"),

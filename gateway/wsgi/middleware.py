@@ -22,7 +22,7 @@ from gateway.complaints import Complaints
 from gateway.core.exemptions import ExemptPaths
 from gateway.gateway import Gateway, given
 from gateway.settings import Settings
-from gateway.wsgi.environ import read_body_ahead, scope_of
+from gateway.wsgi.environ import path_of, read_body_ahead, scope_of
 from gateway.wsgi.firstbyte import FirstByteClock
 from gateway.wsgi.loopthread import LoopThread
 from gateway.wsgi.passage import Held, Passage, run_app
@@ -75,15 +75,14 @@ class WSGIGatewayMiddleware:
         self._exempt = ExemptPaths(self.gateway.settings.exempt_paths)
         self._plan = FlightPlan(run_app, self.gateway, Complaints())
         self._loop = LoopThread("obleth-gateway")
-        self._names_upstream = bool(self.gateway.settings.upstream_header)
         atexit.register(_close_at_exit, weakref.ref(self))
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
+        raw_path, path = path_of(environ)
         if self._exempt.covers(path):
             return self.app(environ, start_response)
         plan = self._plan
-        scope = scope_of(environ)
+        scope = scope_of(environ, raw_path, path)
         ahead = None
         if plan.reads_body and has_json_body(scope):
             ahead = read_body_ahead(environ, plan.max_body)
@@ -95,7 +94,7 @@ class WSGIGatewayMiddleware:
             return answer.write(start_response)
         record = scope["state"]["obleth"]
         environ[ENVIRON_KEY] = record
-        if self._names_upstream and "upstream" in record:
+        if plan.names_upstream and "upstream" in record:
             start_response = _naming(start_response, record["route"])
         clock = None
         if plan.first_byte is not None:
