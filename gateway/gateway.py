@@ -46,7 +46,9 @@ class Gateway:
 
     ``plugins`` are extra plugin objects (modules or instances with ``@hookimpl``
     functions) registered next to the built-ins, for applications and tests that do not
-    package theirs.
+    package theirs. ``readings``, when given, are the upstreams' load readings as the
+    caller keeps them (``obleth simulate`` feeds them from its simulated instances, on
+    its virtual clock): the gateway then polls no upstream itself.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class Gateway:
         *,
         plugins: Iterable[object] = (),
         entry_points: bool = True,
+        readings: Readings | None = None,
     ) -> None:
         self.settings = settings if settings is not None else Settings.from_env()
         self.plugins = Plugins(self.settings, extra=plugins, entry_points=entry_points)
@@ -75,12 +78,16 @@ class Gateway:
         self.providers: dict[str, CapacityProvider] = {name: next(built) for name in provider_names}
         policy = next(built)
         scorers = {name: next(built) for name in scorer_names}
+        #: whether the gateway polls the upstreams itself (no readings were handed over)
+        self._polled = readings is None
+        if readings is None:
+            readings = Readings(
+                urls,
+                stale_after_s=STALE_AFTER_INTERVALS * self.settings.upstream_poll_interval_s,
+            )
         #: the latest load reading of every upstream (empty without upstreams); capacity
         #: providers with a ``use_readings(readings)`` method are handed it at assembly
-        self.readings = Readings(
-            urls,
-            stale_after_s=STALE_AFTER_INTERVALS * self.settings.upstream_poll_interval_s,
-        )
+        self.readings = readings
         origins = {
             name: self.plugins.origin_text("capacity provider", name) for name in self.providers
         }
@@ -226,7 +233,7 @@ class Gateway:
         """Start every part, the counter backend last: it opens the free seats, and no
         request may take one before the rest has started (or while it fails to)."""
         running = self._running
-        if self.router is not None:
+        if self.router is not None and self._polled:
             # the poller's HTTP client (httptools) loads only when there are upstreams
             from gateway.routing.poller import Poller
 
@@ -240,9 +247,9 @@ class Gateway:
             )
             running.append(("the upstream poller", poller.stop))
             await poller.start()
-            if self.sharing is not None:
-                running.append(("routing shared through Redis", self.sharing.stop))
-                await self.sharing.start()
+        if self.sharing is not None:  # only with a router and Redis
+            running.append(("routing shared through Redis", self.sharing.stop))
+            await self.sharing.start()
         for name, provider in self.providers.items():
             start = getattr(provider, "start", None)
             if start is not None:

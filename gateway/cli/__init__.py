@@ -7,11 +7,11 @@ import sys
 from collections.abc import Sequence
 
 from gateway import __version__
-from gateway.cli import capacity, demo, mock_backend, plugins, serve
+from gateway.cli import capacity, demo, mock_backend, plugins, serve, simulate
 from gateway.cli.defaults import DefaultsShown
 from gateway.errors import OblethError
 
-COMMANDS = (capacity, demo, mock_backend, plugins, serve)
+COMMANDS = (capacity, demo, mock_backend, plugins, serve, simulate)
 
 
 def build_parser() -> argparse.ArgumentParser:

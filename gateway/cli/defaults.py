@@ -32,6 +32,10 @@ def of_setting(name: str) -> str:
     """``(default: $OBLETH_<NAME> if set, else <the setting's default>)``: what a flag
     standing for setting ``name`` comes to when it is left out."""
     spec = specs_of(Settings)[name]
-    shown = shown_default(spec)  # as the settings table writes it, in Markdown
-    plain = "none" if shown in ("*(none)*", "*(empty)*") else shown.strip("`")
-    return f"(default: ${spec.env} if set, else {plain})"
+    return f"(default: ${spec.env} if set, else {setting_default(name)})"
+
+
+def setting_default(name: str) -> str:
+    """Setting ``name``'s own default, as plain text (``none`` when it has none)."""
+    shown = shown_default(specs_of(Settings)[name])  # as the settings table writes it
+    return "none" if shown in ("*(none)*", "*(empty)*") else shown.strip("`")

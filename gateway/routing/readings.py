@@ -21,8 +21,8 @@ class Reading:
     """One upstream as the last scrape saw it.
 
     ``running``, ``waiting``, ``kv_usage`` and ``preemptions`` are None when the upstream
-    did not export them (or could not be scraped yet). ``at`` is the ``time.monotonic()``
-    of the scrape the numbers come from; 0.0 means never scraped. ``healthy`` is the
+    did not export them (or could not be scraped yet). ``at`` is the ``Readings.clock()``
+    time of the scrape the numbers come from; 0.0 means never scraped. ``healthy`` is the
     health check's verdict, which may be newer than the numbers.
     """
 
@@ -58,12 +58,21 @@ class Readings:
       The poller sets ``stale_after_s`` to three polling intervals at its current pace:
       it grows while the gateway is idle and the upstreams are read less often, so that
       no reading goes stale for want of requests.
+    - ``clock()`` is the clock that ``Reading.at`` and ages are on: ``time.monotonic``
+      for the poller; a simulation on a virtual clock (``obleth simulate``) passes its own.
     - ``subscribe(callback)`` calls ``callback()`` after every polling round, on the
       gateway's event loop, so a provider can recompute its limit when numbers change.
     """
 
-    def __init__(self, upstreams: Sequence[str], *, stale_after_s: float) -> None:
+    def __init__(
+        self,
+        upstreams: Sequence[str],
+        *,
+        stale_after_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.stale_after_s = stale_after_s
+        self.clock = clock
         self._latest: dict[str, Reading] = {url: Reading(url) for url in upstreams}
         self._queued: dict[str, float] = dict.fromkeys(upstreams, 0.0)
         self._subscribers: list[Callable[[], None]] = []
@@ -87,7 +96,7 @@ class Readings:
 
     def stale(self, upstream: str, now: float | None = None) -> bool:
         """Whether the numbers of ``upstream`` are too old to route on."""
-        when = time.monotonic() if now is None else now
+        when = self.clock() if now is None else now
         return self._latest[upstream].age_s(when) > self.stale_after_s
 
     def update(self, reading: Reading) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -231,7 +230,7 @@ class Router:
         count = fleet.inflight.count
         latest = fleet.readings.get
         queued = fleet.readings.queued
-        fresh_since = time.monotonic() - fleet.readings.stale_after_s
+        fresh_since = fleet.readings.clock() - fleet.readings.stale_after_s
         # The load guard, on our own counts (they are current; scrapes lag): an upstream
         # with more than load_bound times the average of ours in flight is passed over
         # when it also keeps requests queued (two scrapes in a row) or is load_slack ahead of
@@ -280,7 +279,7 @@ class Router:
 
     def _least_loaded(self, healthy: list[str]) -> tuple[list[str], Scores]:
         fleet = self.fleet
-        now = time.monotonic()
+        now = fleet.readings.clock()
         draw = self._rng.random
         load: dict[str, float] = {}
         for u in healthy:

@@ -413,6 +413,21 @@ class ServePod(_Server):
         self.upstreams = tuple(upstreams)
         self.args = tuple(args)
 
+    def wait_all_healthy(self, wait_s: float = 10.0) -> None:
+        """Return once ``/readyz`` lists every upstream healthy (round-robin turns among
+        the healthy ones only, so a test that counts turns waits for this); fail the test
+        after ``wait_s``."""
+        last = ""
+        for _ in range(int(wait_s / 0.02)):
+            with contextlib.suppress(httpx.HTTPError):
+                answer = httpx.get(f"{self.url}/readyz", trust_env=False, timeout=1.0)
+                last = answer.text
+                healthy = answer.json().get("healthy_upstreams", ()) if answer.is_success else ()
+                if len(healthy) == len(self.upstreams):
+                    return
+            time.sleep(0.02)
+        pytest.fail(f"{self.name} never saw all {len(self.upstreams)} upstreams healthy: {last}")
+
     def _argv(self, port: int) -> list[str]:
         upstream_flags = [flag for url in self.upstreams for flag in ("--upstream", url)]
         return [

@@ -88,24 +88,11 @@ def serve_pods(
         for pod in pods:
             pod.wait_ready(timeout_s=30.0)
         for pod in pods:
-            _wait_all_healthy(pod, len(sims))
+            pod.wait_all_healthy(WAIT_S)
         yield pods
     finally:
         for pod in pods:
             pod.stop()
-
-
-def _wait_all_healthy(pod: ServePod, upstreams: int) -> None:
-    """Poll the pod's /readyz until it lists every upstream healthy."""
-    last: Any = None
-    for _ in range(int(WAIT_S / 0.02)):
-        with contextlib.suppress(httpx.HTTPError):
-            answer = httpx.get(f"{pod.url}/readyz", trust_env=False, timeout=1.0)
-            last = answer.text
-            if answer.status_code == 200 and len(answer.json()["healthy_upstreams"]) == upstreams:
-                return
-        time.sleep(0.02)
-    pytest.fail(f"{pod.name} never saw all {upstreams} upstreams healthy: {last}\n{tails([pod])}")
 
 
 def tails(pods: Sequence[ServePod | SimBackend]) -> str:

@@ -36,15 +36,20 @@ def test_adaptive_is_selected_by_name_and_starts_by_probing() -> None:
     assert gateway.provider_limits() == {"static": 10, "adaptive": 3}
 
 
-def test_the_gateway_follows_each_announced_change() -> None:
-    """Every change of the provider's value reaches the gateway's limit (subscribe)."""
+def test_the_gateway_follows_each_announced_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every change of the provider's value reaches the gateway's limit (subscribe): the
+    end of the first probe, then a window's growth."""
+    monkeypatch.setenv("OBLETH_ADAPTIVE_INITIAL", "4")
+    clock = Clock()
     settings = Settings(capacity_providers=("static", "adaptive"), global_max_in_flight=10)
-    gateway = Gateway(settings, plugins=[plugin], entry_points=False)
+    readings = Readings([], stale_after_s=1.0, clock=clock)
+    gateway = Gateway(settings, plugins=[plugin], entry_points=False, readings=readings)
     provider = gateway.providers["adaptive"]
     assert isinstance(provider, AdaptiveLimit)
-    for _ in range(Knobs().probe_samples):
-        provider.first_byte(0.05)
-    assert gateway.capacity.current() == 10  # the probe ended: up to the ceiling
+    fed(provider, clock, 0.05, Knobs().probe_samples)
+    assert gateway.capacity.current() == 4  # the probe ended, at the initial limit
+    fed(provider, clock, 0.05, 4)  # a window of four samples at a limit of 4
+    assert gateway.capacity.current() == 6
 
 
 def test_each_change_is_announced_once_and_nothing_else_is() -> None:
@@ -52,13 +57,13 @@ def test_each_change_is_announced_once_and_nothing_else_is() -> None:
     leaves it as it was."""
     clock = Clock()
     provider = AdaptiveLimit(
-        Knobs(window=2, probe_samples=2, probe_every=0), ceiling=40, clock=clock
+        Knobs(initial=40, window=2, probe_samples=2, probe_every=0), ceiling=40, clock=clock
     )
     seen: list[int] = []
     provider.subscribe(lambda: seen.append(provider.max_in_flight()))
     fed(provider, clock, 0.1, 2)  # the probe ends: 3 -> 40
     fed(provider, clock, 0.1, 4)  # at the ceiling: holds
-    fed(provider, clock, 0.4, 4)  # 4x: halved twice
+    fed(provider, clock, 0.8, 4)  # 8x: halved twice
     assert seen == [40, 20, 10]
 
 
@@ -66,9 +71,9 @@ def test_the_operators_limit_bounds_the_provider() -> None:
     """`use_ceiling` hands the provider the operator's limit now: it never answers more."""
     clock = Clock()
     ceiling = [40]
-    provider = AdaptiveLimit(Knobs(window=2, probe_samples=2), ceiling=99, clock=clock)
+    provider = AdaptiveLimit(Knobs(initial=64, window=2, probe_samples=2), ceiling=99, clock=clock)
     provider.use_ceiling(lambda: ceiling[0])
-    fed(provider, clock, 0.1, 2)
+    fed(provider, clock, 0.1, 2)  # the probe ends: at 64, were it not for the ceiling
     assert provider.max_in_flight() == 40
     ceiling[0] = 12
     assert provider.max_in_flight() == 12
@@ -80,7 +85,7 @@ def test_a_value_held_under_a_lowered_ceiling_is_announced() -> None:
     clock = Clock()
     ceiling = [40]
     provider = AdaptiveLimit(
-        Knobs(window=2, probe_samples=2, probe_every=0), ceiling=99, clock=clock
+        Knobs(initial=40, window=2, probe_samples=2, probe_every=0), ceiling=99, clock=clock
     )
     provider.use_ceiling(lambda: ceiling[0])
     seen: list[int] = []
@@ -89,7 +94,7 @@ def test_a_value_held_under_a_lowered_ceiling_is_announced() -> None:
     ceiling[0] = 10
     fed(provider, clock, 0.1, 2)  # held at the operator's limit, now 10
     ceiling[0] = 40
-    fed(provider, clock, 0.1, 2)  # grows from 10, not from 40
+    fed(provider, clock, 0.1, 2)  # grows from 10 (by its square root), not from 40
     assert seen == [40, 10, 13]
 
 
@@ -126,39 +131,76 @@ def test_the_limit_grows_only_while_the_upstreams_serve_most_of_it(
 
 
 def test_a_probe_that_gets_no_first_byte_ends_on_its_timer() -> None:
-    """On the event loop, a probe that nothing answers ends when its time is up."""
+    """On the event loop, a probe that nothing answers ends when its time is up, and the
+    limit comes back to where it was."""
 
-    async def scenario() -> tuple[bool, bool, int]:
+    async def scenario() -> tuple[bool, bool, list[int]]:
         provider = AdaptiveLimit(
             Knobs(initial=8, window=2, probe_samples=2, probe_every=1, probe_timeout_s=0.05),
-            ceiling=64,
+            ceiling=8,
         )
+        for _ in range(2):  # the first probe: the limit opens to 8, held at the ceiling
+            provider.first_byte(0.0)
         changes: list[int] = []
-        provider.subscribe(lambda: changes.append(provider.max_in_flight()))
-        for _ in range(2 + 8):  # the first probe, then 8 samples: the next probe starts
+        ended = asyncio.Event()
+
+        def heard() -> None:
+            changes.append(provider.max_in_flight())
+            if not provider.law.probing:
+                ended.set()
+
+        provider.subscribe(heard)
+        for _ in range(8):  # one limit's worth of samples: the next probe starts
             provider.first_byte(0.0)
         probing = provider.law.probing
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(ended.wait(), timeout=10.0)  # a bound, not a measurement
         await provider.stop()
-        return probing, provider.law.probing, changes[-1]
+        return probing, provider.law.probing, changes
 
-    probing_before, probing_after, last = asyncio.run(scenario())
+    probing_before, probing_after, changes = asyncio.run(scenario())
     assert probing_before
     assert not probing_after
-    assert last > 3
+    assert changes == [3, 8]
 
 
 def test_explain_says_what_the_limit_is_and_why() -> None:
     """`explain()` gives the limit, the last decision and the times it was taken on."""
     clock = Clock()
-    provider = AdaptiveLimit(Knobs(window=2, probe_samples=2), ceiling=30, clock=clock)
+    provider = AdaptiveLimit(Knobs(initial=20, window=2, probe_samples=2), ceiling=30, clock=clock)
     fed(provider, clock, 0.1, 2)
-    fed(provider, clock, 0.5, 2)
+    fed(provider, clock, 0.5, 2)  # 5x the no-load time: 20 * 4/5
     explained = provider.explain()
-    assert explained["limit"] == 15
-    assert str(explained["reason"]).startswith("decrease")
+    assert explained["limit"] == 16
+    assert explained["reason"] == "decrease: first bytes take 5.00x the no-load time"
     assert explained["baseline_s"] == pytest.approx(0.1)
     assert explained["window_s"] == pytest.approx(0.5)
+
+
+def test_without_a_clock_of_its_own_the_provider_takes_the_readings_clock() -> None:
+    """Handed the gateway's readings, a provider built without a clock places samples
+    on the readings' clock (``obleth simulate``'s virtual one, say): a probe's deadline
+    is on that clock."""
+    virtual = Clock()
+    virtual.now = 5000.0
+    knobs = Knobs(initial=8, window=2, probe_samples=2, probe_every=1, probe_timeout_s=10.0)
+    provider = AdaptiveLimit(knobs, ceiling=8)
+    provider.use_readings(Readings([], stale_after_s=1.0, clock=virtual))
+    fed(provider, virtual, 0.1, 2 + 8)  # the first probe, then one limit's worth: a probe
+    assert provider.law.probing
+    assert provider.law.probe_deadline == pytest.approx(virtual.now + 10.0)
+
+
+def test_a_clock_passed_in_is_kept_when_the_readings_come() -> None:
+    """A provider given its own clock keeps it: the readings' clock does not replace it."""
+    own = Clock()
+    virtual = Clock()
+    virtual.now = 5000.0
+    knobs = Knobs(initial=8, window=2, probe_samples=2, probe_every=1, probe_timeout_s=10.0)
+    provider = AdaptiveLimit(knobs, ceiling=8, clock=own)
+    provider.use_readings(Readings([], stale_after_s=1.0, clock=virtual))
+    fed(provider, own, 0.1, 2 + 8)
+    assert provider.law.probing
+    assert provider.law.probe_deadline == pytest.approx(own.now + 10.0)
 
 
 def test_knobs_come_from_the_environment() -> None:
@@ -192,6 +234,36 @@ def test_knobs_come_from_the_environment() -> None:
     assert plugin.knobs_from({"OBLETH_ADAPTIVE_WINDOW": " "}) == Knobs()
 
 
+def test_unset_variables_leave_the_documented_defaults() -> None:
+    """Without variables: a tolerance of 4, no band where the limit holds, a slow start
+    from the probe limit, windows of 10 and a probe every 30 limits' worth of samples."""
+    knobs = plugin.knobs_from({})
+    assert knobs == Knobs()
+    assert knobs.tolerance == 4.0
+    assert knobs.grow_within is None
+    assert knobs.initial is None
+    assert (knobs.window, knobs.probe_every, knobs.probe_limit) == (10, 30, 3)
+
+
+@pytest.mark.parametrize(
+    ("variables", "grow_within"),
+    [
+        ({}, None),
+        ({"OBLETH_ADAPTIVE_GROW_WITHIN": " "}, None),
+        ({"OBLETH_ADAPTIVE_GROW_WITHIN": "1.5"}, 1.5),
+        ({"OBLETH_ADAPTIVE_GROW_WITHIN": "4"}, 4.0),
+        ({"OBLETH_ADAPTIVE_TOLERANCE": "6", "OBLETH_ADAPTIVE_GROW_WITHIN": "5"}, 5.0),
+    ],
+    ids=["unset", "blank", "below", "at-the-tolerance", "below-a-raised-tolerance"],
+)
+def test_grow_within_sets_a_hold_band_only_when_given(
+    variables: dict[str, str], grow_within: float | None
+) -> None:
+    """Unset (or blank), `GROW_WITHIN` leaves no band where the limit holds (None: the
+    tolerance); set, it may be anything from 1 up to the tolerance."""
+    assert plugin.knobs_from(variables).grow_within == grow_within
+
+
 @pytest.mark.parametrize(
     ("variables", "named", "says"),
     [
@@ -200,7 +272,13 @@ def test_knobs_come_from_the_environment() -> None:
         ({"OBLETH_ADAPTIVE_FLOOR": "4", "OBLETH_ADAPTIVE_INITIAL": "2"}, "INITIAL", "at least 4"),
         ({"OBLETH_ADAPTIVE_TOLERANCE": "1"}, "TOLERANCE", "above 1"),
         ({"OBLETH_ADAPTIVE_TOLERANCE": "nan"}, "TOLERANCE", "above 1"),
-        ({"OBLETH_ADAPTIVE_GROW_WITHIN": "2.5"}, "GROW_WITHIN", "OBLETH_ADAPTIVE_TOLERANCE"),
+        ({"OBLETH_ADAPTIVE_GROW_WITHIN": "4.5"}, "GROW_WITHIN", "OBLETH_ADAPTIVE_TOLERANCE"),
+        (
+            {"OBLETH_ADAPTIVE_TOLERANCE": "3", "OBLETH_ADAPTIVE_GROW_WITHIN": "3.5"},
+            "GROW_WITHIN",
+            r"OBLETH_ADAPTIVE_TOLERANCE \(3\)",
+        ),
+        ({"OBLETH_ADAPTIVE_GROW_WITHIN": "0.5"}, "GROW_WITHIN", "at least 1"),
         ({"OBLETH_ADAPTIVE_USE": "1.5"}, "USE", "at most 1"),
         ({"OBLETH_ADAPTIVE_PROBE_TIMEOUT_S": "0"}, "PROBE_TIMEOUT_S", "above 0"),
         ({"OBLETH_ADAPTIVE_PROBE_EVERY": "-1"}, "PROBE_EVERY", "at least 0"),

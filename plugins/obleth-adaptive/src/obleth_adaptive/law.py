@@ -13,6 +13,16 @@ MAX_CUT = 0.5
 """A window's decrease keeps at least this share of the limit: one window of very slow
 first bytes (a single huge prompt, say) cannot take the limit to the floor at once."""
 
+NEAR_CUT = 0.9
+"""Below this share of the limit at the last cut, the limit grows by its square root per
+window; from there on it creeps up by 1, 1, 2, 2, 3, 3, ... (never more than the square
+root), so that it comes back fast to where it was cut, then tries beyond it carefully."""
+
+MIN_WINDOW = 3
+"""Samples per decision at the least: below ``window`` samples, a window has as many as
+the limit (a low limit gets few first bytes per second, and must not wait long for a
+decision)."""
+
 STUCK_WINDOWS = 5
 """Consecutive windows at the floor with first bytes still too slow after which the law
 probes early: the no-load time it compares with has likely risen (a slower model, longer
@@ -27,18 +37,21 @@ class Knobs:
     """The lowest limit the law sets."""
     initial: int | None = None
     """The limit after the first probe; None for the operator's limit (the ceiling)."""
-    tolerance: float = 2.0
+    tolerance: float = 4.0
     """How many times the no-load time to first byte a window may take before the limit
     shrinks."""
-    grow_within: float = 1.5
+    grow_within: float | None = None
     """How many times the no-load time a window may take at most for the limit to grow;
-    between this and ``tolerance`` the limit holds."""
+    between this and ``tolerance`` the limit holds. None: ``tolerance`` (no band where it
+    holds)."""
     window: int = 10
-    """Samples per decision; the window's median is its time to first byte."""
+    """Samples per decision (fewer while the limit is lower, see ``MIN_WINDOW``); the
+    window's median is its time to first byte."""
     use: float = 0.8
     """The share of the limit the backends must be serving for it to count as in use."""
     probe_every: int = 30
-    """A probe comes after this many times the limit in samples; 0: no periodic probe."""
+    """A probe comes after this many times the limit in samples (the limit as it is when
+    each sample comes); 0: no periodic probe."""
     probe_limit: int = 3
     """The limit while probing (never more than the limit before the probe)."""
     probe_samples: int = 5
@@ -61,14 +74,18 @@ class _Probe:
 class Law:
     """Gradient-style limit on time to first byte (TTFB), with probes of the no-load TTFB.
 
-    Samples are grouped in windows of ``window``; at the end of each, the window's median
-    TTFB is compared with the no-load TTFB (the *baseline*) that the last probe measured:
+    Samples are grouped in windows of ``window`` (while the limit is lower, of as many as
+    the limit, but at least ``MIN_WINDOW``); at the end of each, the window's median TTFB
+    is compared with the no-load TTFB (the *baseline*) that the last probe measured:
 
     - above ``tolerance`` times the baseline, requests queue in the backends: the limit is
       multiplied by ``tolerance * baseline / window TTFB`` (but never cut below
       ``MAX_CUT`` of itself in one window), and falls by at least one;
     - within ``grow_within`` times the baseline, with the limit in use (``in_use``) and
-      under the ceiling: it grows by its square root, fast while small, then gently;
+      under the ceiling: it grows by its square root (fast while small, then gently) up
+      to ``NEAR_CUT`` of the limit at the last cut, then by 1, 1, 2, 2, 3, 3, ... (at
+      most the square root) beyond it: back fast to where it was, carefully past it, as
+      TCP CUBIC does around the window of its last loss;
     - in between, or while the limit is not in use: it holds.
 
     A sample counts only if its request was handed to the app after the last change of
@@ -78,13 +95,14 @@ class Law:
     A *probe* measures the baseline: the limit drops to ``probe_limit``, so that the
     backends' queues drain, and the median of the next ``probe_samples`` samples (of
     requests handed over after the drop) becomes the baseline; then the limit goes back
-    to what it was. The law starts with a probe, probes again after ``probe_every`` times
-    the limit in samples, so that a drifting baseline is followed (a probe costs about a
-    limit's worth of requests, so spacing probes by a multiple of the limit keeps their
-    share of the throughput about the same at any limit), and probes early when the limit
-    has sat at the floor for ``STUCK_WINDOWS`` windows with slow first bytes. A probe that does not
-    get its samples within ``probe_timeout_s`` ends with those it has (the old baseline
-    stays if it has none); the first probe waits as long as it takes.
+    to what it was. The law starts with a probe, probes again after ``probe_every``
+    limits' worth of samples (each counting one over the limit when it comes), so that a
+    drifting baseline is followed (a probe costs about a limit's worth of requests, so
+    spacing probes by a multiple of the limit keeps their share of the throughput about
+    the same at any limit), and probes early when the limit has sat at the floor for
+    ``STUCK_WINDOWS`` windows with slow first bytes. A probe that does not get its samples
+    within ``probe_timeout_s`` ends with those it has (the old baseline stays if it has
+    none); the first probe waits as long as it takes.
 
     The limit always lies between ``floor`` and the larger of ``floor`` and ``ceiling()``,
     the operator's limit now. ``in_use(limit)`` says whether the backends serve enough of
@@ -111,8 +129,10 @@ class Law:
         self._probe: _Probe | None = _Probe(deadline=None, resume=None, samples=[])
         self._since = -math.inf  # samples of requests handed over before this don't count
         self._window: list[float] = []
-        self._countdown = math.inf  # samples until the next periodic probe
+        self._countdown = math.inf  # limits' worth of samples until the next periodic probe
         self._stuck = 0
+        self._last_cut = math.inf  # the limit at the last cut
+        self._creep = 0  # increases past NEAR_CUT of the last cut since that cut
 
     # -- reading the law --------------------------------------------------------------------
 
@@ -147,8 +167,9 @@ class Law:
                 self._end_probe(now)
             return
         self._window.append(seconds)
-        self._countdown -= 1
-        if len(self._window) >= self.knobs.window:
+        limit = self.limit()
+        self._countdown -= 1 / max(1, limit)
+        if len(self._window) >= min(self.knobs.window, max(MIN_WINDOW, limit)):
             self._decide(now)
 
     def expire(self, now: float) -> None:
@@ -169,11 +190,14 @@ class Law:
         top = max(floor, self.ceiling())
         current = min(max(self._limit, float(floor)), float(top))
         ratio = short / self.baseline if self.baseline > 0 else math.inf if short > 0 else 1.0
+        grow_within = knobs.tolerance if knobs.grow_within is None else knobs.grow_within
         if ratio > knobs.tolerance:
             gradient = max(MAX_CUT, knobs.tolerance / ratio)
             new = max(float(floor), min(current - 1, current * gradient))
+            self._last_cut = current
+            self._creep = 0
             self.reason = f"decrease: first bytes take {ratio:.2f}x the no-load time"
-        elif ratio > knobs.grow_within:
+        elif ratio > grow_within:
             new = current
             self.reason = f"hold: first bytes take {ratio:.2f}x the no-load time"
         elif current >= top:
@@ -183,14 +207,23 @@ class Law:
             new = current
             self.reason = "hold: the limit is not in use"
         else:
-            new = min(float(top), current + math.sqrt(current))
+            new = min(float(top), current + self._step(current))
             self.reason = f"increase: first bytes take {ratio:.2f}x the no-load time"
         self._limit = new
         if int(new) != int(current):
             self._since = now
         self._stuck = self._stuck + 1 if new <= floor and ratio > knobs.tolerance else 0
-        if self._countdown <= 0 or self._stuck >= STUCK_WINDOWS:
+        if self._countdown <= 1e-9 or self._stuck >= STUCK_WINDOWS:  # float sums of 1/limit
             self._start_probe(now)
+
+    def _step(self, current: float) -> float:
+        """How much the limit grows in a window that allows it (see the class docstring)."""
+        near = NEAR_CUT * self._last_cut
+        if current < near:
+            return min(math.sqrt(current), max(1.0, near - current))
+        step = min(math.sqrt(current), 1.0 + self._creep // 2)
+        self._creep += 1
+        return step
 
     def _start_probe(self, now: float) -> None:
         knobs = self.knobs
@@ -225,4 +258,4 @@ class Law:
         self._window.clear()
         self._stuck = 0
         every = knobs.probe_every
-        self._countdown = every * max(1, self.limit()) if every > 0 else math.inf
+        self._countdown = every if every > 0 else math.inf

@@ -24,11 +24,15 @@ def knobs_from(environ: Mapping[str, str]) -> Knobs:
         None if _raw(environ, "INITIAL") is None else _whole(environ, "INITIAL", 0, least=floor)
     )
     tolerance = _number(environ, "TOLERANCE", defaults.tolerance, above=1.0)
-    grow_within = _number(environ, "GROW_WITHIN", defaults.grow_within, least=1.0)
-    if grow_within > tolerance:
+    grow_within = (
+        None
+        if _raw(environ, "GROW_WITHIN") is None
+        else _number(environ, "GROW_WITHIN", tolerance, least=1.0)
+    )
+    if grow_within is not None and grow_within > tolerance:
         raise ConfigError(
             PREFIX + "GROW_WITHIN",
-            environ.get(PREFIX + "GROW_WITHIN", defaults.grow_within),
+            environ.get(PREFIX + "GROW_WITHIN"),
             f"must not be above {PREFIX}TOLERANCE ({tolerance:g}): the limit would shrink "
             "and grow on the same first bytes; lower it, or raise the tolerance",
         )

@@ -31,7 +31,9 @@ class AdaptiveLimit:
     - ``first_byte(seconds)`` returns at once and never raises for a number.
 
     ``clock`` is the clock the samples are placed on; it must be the one the gateway
-    measures first bytes with (``time.monotonic``), or a test's.
+    measures first bytes with, or a test's. Left out, it is the clock of the gateway's
+    readings once they are handed over (``time.monotonic`` in a server, the virtual
+    clock of ``obleth simulate``), and ``time.monotonic`` until then.
     """
 
     def __init__(
@@ -39,11 +41,12 @@ class AdaptiveLimit:
         knobs: Knobs,
         *,
         ceiling: int,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """``ceiling`` is the limit to stay under until the gateway hands over the
         operator's own (``use_ceiling``): ``global_max_in_flight``."""
-        self._clock = clock
+        self._own_clock = clock is not None
+        self._clock: Callable[[], float] = clock if clock is not None else time.monotonic
         self._ceiling: Callable[[], int] = lambda: ceiling
         self._readings: Readings | None = None
         self._subscribers: list[Callable[[], None]] = []
@@ -66,6 +69,8 @@ class AdaptiveLimit:
 
     def use_readings(self, readings: Readings) -> None:
         self._readings = readings
+        if not self._own_clock:
+            self._clock = readings.clock
 
     def first_byte(self, seconds: float) -> None:
         """One admitted request's time to first byte (the gateway's first-byte feed)."""

@@ -5,7 +5,6 @@ polling round, and tells the gateway when its value changes."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from gateway import Readings
@@ -77,7 +76,7 @@ class KvPressureLimit:
         """The round's signals over the upstreams with fresh readings. Preemptions count
         the rise of each upstream's counter since the round before (a counter that went
         down was reset: the upstream restarted, and its new count is all new)."""
-        when = time.monotonic() if now is None else now
+        when = readings.clock() if now is None else now
         fresh = 0
         kv: float | None = None
         preempted = queued = serving = 0.0

@@ -1,0 +1,298 @@
+"""``obleth simulate``: capacity planning on a virtual clock, with Obleth's own router."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from gateway.cli.defaults import DefaultsShown, setting_default
+from gateway.errors import ConfigError
+from gateway.settings import parsers
+from gateway.simulate import profiles
+from gateway.simulate.errors import BadFlag
+from gateway.simulate.render import as_json, run_table, sweep_table
+from gateway.simulate.report import add_fitness, parse_weights, report
+from gateway.simulate.run import FLAG_OF_SETTING, Plan, settings_for, simulate
+from gateway.simulate.sweep import Sweep, answer, meets, parse_slo, parse_sweep
+from gateway.simulate.workload import Workload, parse_shares, parse_tokens
+
+DEFAULT_MODEL = "qwen/qwen3-14b"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "simulate",
+        help="plan capacity: simulate a fleet behind Obleth's admission and router",
+        description="Run a workload through Obleth's own admission control (capacity, fair "
+        "queue, overflow policy, tenants) and router (policy, scorers, plugins included) to "
+        "simulated inference instances, on a virtual clock: minutes of traffic take "
+        "seconds, and the same flags and seed print the same output. Flag names follow "
+        "BLIS (inference-sim). See docs/simulate.md.",
+        formatter_class=DefaultsShown,
+    )
+    model = parser.add_argument_group("the instances")
+    model.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="a built-in model profile: " + ", ".join(profiles.builtin_profiles()),
+    )
+    model.add_argument(
+        "--profile",
+        metavar="FILE",
+        default=None,
+        help="your own profile, a JSON file (see docs/simulate.md); overrides --model "
+        "(default: none, the --model profile)",
+    )
+    model.add_argument("--num-instances", type=int, default=1, help="instances of the model")
+    load = parser.add_argument_group("the workload")
+    load.add_argument(
+        "--rate", type=float, default=10.0, help="requests per second in all (Poisson arrivals)"
+    )
+    load.add_argument("--num-requests", type=int, default=100, help="requests in the run")
+    load.add_argument(
+        "--input-tokens",
+        default="512",
+        help="prompt tokens of each request (after the shared prefix): a number, or "
+        "uniform:LOW,HIGH, normal:MEAN,STDEV, exponential:MEAN",
+    )
+    load.add_argument(
+        "--output-tokens", default="512", help="tokens each request generates, as --input-tokens"
+    )
+    load.add_argument(
+        "--prefix-tokens",
+        type=int,
+        default=0,
+        help="tokens of shared prefix before each prompt (a system prompt, a document)",
+    )
+    load.add_argument(
+        "--prefix-groups",
+        type=int,
+        default=1,
+        help="how many different shared prefixes; each request draws one",
+    )
+    load.add_argument(
+        "--tenants",
+        default=None,
+        help="tenants and their shares of the traffic, name:share,... (default: one tenant)",
+    )
+    load.add_argument("--seed", type=int, default=42, help="seed of the workload and routing")
+    route = parser.add_argument_group("the router")
+    route.add_argument(
+        "--routing-policy",
+        default=None,
+        help="weighted, round-robin or least-loaded " + _setting("routing_policy"),
+    )
+    route.add_argument(
+        "--routing-scorers",
+        default=None,
+        help="scorers of the weighted policy, name:weight,... " + _setting("routing_scorers"),
+    )
+    route.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=0.25,
+        help="seconds between two readings of the instances' metrics, as the poller's "
+        "upstream_poll_interval_s; 0 reads them fresh for every decision",
+    )
+    admit = parser.add_argument_group("admission")
+    admit.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        help="global_max_in_flight (default: no limit: every request is admitted at once)",
+    )
+    admit.add_argument(
+        "--capacity-providers",
+        default=None,
+        help="capacity_providers, comma-separated: the limit is the lowest of theirs (e.g. "
+        "static,kv-pressure; --max-in-flight is static's) " + _setting("capacity_providers"),
+    )
+    admit.add_argument(
+        "--policy",
+        default=None,
+        help="overflow_policy when no seat is free " + _setting("overflow_policy"),
+    )
+    admit.add_argument(
+        "--max-queue", type=int, default=None, help="max_queue " + _setting("max_queue")
+    )
+    admit.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=None,
+        help="queue_timeout_s in seconds (default: 3600)",
+    )
+    admit.add_argument(
+        "--tenant-weights",
+        default=None,
+        help="tenant_weights, name:weight,... " + _setting("tenant_weights"),
+    )
+    admit.add_argument(
+        "--tenant-max-in-flight",
+        default=None,
+        help="tenant_max_in_flight, name:cap,... or a cap " + _setting("tenant_max_in_flight"),
+    )
+    out = parser.add_argument_group("the report")
+    out.add_argument(
+        "--fitness-weights",
+        default=None,
+        help='score runs, e.g. "p99_ttft:3,mean_e2e:1,throughput:2": latencies count '
+        "1/(1+ms/1000), rates their share of the best run's (default: none, no score)",
+    )
+    out.add_argument(
+        "--sweep",
+        default=None,
+        help="one run per value: num-instances=4..16, rate=50..300:50 or max-in-flight=8,16,32 "
+        "(default: none, one run)",
+    )
+    out.add_argument(
+        "--slo",
+        default=None,
+        help="objectives, e.g. ttft_p99_ms=500: a sweep names the value that meets them "
+        "(default: none)",
+    )
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def _setting(name: str) -> str:
+    """``(default: X)``: the setting's own default, which a simulation uses when the flag
+    is left out (the ``OBLETH_*`` environment plays no part in a simulation)."""
+    return f"(default: {setting_default(name)})"
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_of(args)
+    weights = parse_weights(args.fitness_weights) if args.fitness_weights else None
+    slo = parse_slo(args.slo) if args.slo else None
+    sweep = parse_sweep(args.sweep) if args.sweep else None
+    plans = [plan] if sweep is None else [_with(plan, sweep.flag, v) for v in sweep.values]
+    reports = [report(simulate(p)) for p in plans]
+    if weights is not None:
+        add_fitness(reports, weights)
+    if slo is not None:
+        for r in reports:
+            r["slo_met"] = meets(r, slo)
+    heading = _heading(plan, sweep)
+    if sweep is None:
+        print(as_json(reports[0]) + "\n" if args.json else run_table(reports[0], heading), end="")
+        return 0
+    found = answer(sweep, reports, slo) if slo is not None else None
+    if args.json:
+        document: dict[str, object] = {
+            "sweep": sweep.flag,
+            "values": list(sweep.values),
+            "slo": slo,
+            "answer": found,
+            "runs": reports,
+        }
+        print(as_json(document))
+        return 0
+    verdict = None
+    if slo is not None:
+        told = ", ".join(f"{k}={v:g}" for k, v in slo.items())
+        verdict = (
+            f"{sweep.answer_end} {sweep.flag} meeting {told}: {found:g}"
+            if found is not None
+            else f"no {sweep.flag} in the sweep meets {told}"
+        )
+    print(sweep_table(sweep.flag, sweep.values, reports, heading, verdict), end="")
+    return 0
+
+
+def plan_of(args: argparse.Namespace) -> Plan:
+    """The run the flags describe; `BadFlag` for the first unusable one."""
+    profile = profiles.from_file(args.profile) if args.profile else profiles.named(args.model)
+    _at_least("--num-instances", args.num_instances, 1)
+    _at_least("--num-requests", args.num_requests, 1)
+    _at_least("--prefix-tokens", args.prefix_tokens, 0)
+    _at_least("--prefix-groups", args.prefix_groups, 1)
+    if not math.isfinite(args.rate) or args.rate <= 0:
+        raise BadFlag("--rate", args.rate, "requests per second, a number above 0")
+    if not math.isfinite(args.scrape_interval) or args.scrape_interval < 0:
+        raise BadFlag("--scrape-interval", args.scrape_interval, "seconds, 0 or more")
+    workload = Workload(
+        rate=args.rate,
+        num_requests=args.num_requests,
+        input_tokens=parse_tokens("--input-tokens", args.input_tokens),
+        output_tokens=parse_tokens("--output-tokens", args.output_tokens),
+        prefix_tokens=args.prefix_tokens,
+        prefix_groups=args.prefix_groups,
+        tenants=parse_shares("--tenants", args.tenants) if args.tenants else None,
+    )
+    gateway: dict[str, Any] = {}
+    given: list[tuple[str, Any, Callable[[str, str], Any] | None]] = [
+        ("routing_policy", args.routing_policy, None),
+        ("routing_scorers", args.routing_scorers, None),
+        ("global_max_in_flight", args.max_in_flight, None),
+        ("overflow_policy", args.policy, None),
+        ("capacity_providers", args.capacity_providers, parsers.env_list),
+        ("max_queue", args.max_queue, None),
+        ("queue_timeout_s", args.queue_timeout, None),
+        ("tenant_weights", args.tenant_weights, parsers.env_weights),
+        ("tenant_max_in_flight", args.tenant_max_in_flight, parsers.env_caps),
+    ]
+    for setting, value, parse in given:
+        if value is None:
+            continue
+        try:
+            gateway[setting] = parse(setting, value) if parse is not None else value
+        except ConfigError as exc:
+            raise BadFlag(FLAG_OF_SETTING[setting], value, exc.expected, told=True) from None
+    return Plan(
+        profile=profile,
+        workload=workload,
+        num_instances=args.num_instances,
+        seed=args.seed,
+        scrape_interval_s=args.scrape_interval,
+        gateway=gateway,
+    )
+
+
+def _with(plan: Plan, flag: str, value: float) -> Plan:
+    """``plan`` with the swept flag set to ``value``."""
+    if flag == "num-instances":
+        return replace(plan, num_instances=int(value))
+    if flag == "rate":
+        return replace(plan, workload=replace(plan.workload, rate=value))
+    return replace(plan, gateway={**plan.gateway, "global_max_in_flight": int(value)})
+
+
+def _at_least(flag: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise BadFlag(flag, value, f"a whole number of at least {minimum}")
+
+
+def _heading(plan: Plan, sweep: Sweep | None) -> list[str]:
+    """What was simulated, as the settings the gateway ran with (defaults included)."""
+    w = plan.workload
+    swept = sweep.flag if sweep is not None else None
+    instances = "swept" if swept == "num-instances" else str(plan.num_instances)
+    rate = "swept" if swept == "rate" else f"{w.rate:g}"
+    prefix = (
+        f", shared prefix {w.prefix_tokens} in {w.prefix_groups} group(s)"
+        if w.prefix_tokens
+        else ""
+    )
+    settings = settings_for(plan)
+    routing: str = settings.routing_policy
+    if routing == "weighted":
+        routing += " " + ",".join(f"{k}:{v:g}" for k, v in settings.routing_scorers.items())
+    lines = [
+        f"{plan.profile.model}: instances {instances}, {w.num_requests} requests at {rate} "
+        f"req/s, seed {plan.seed}",
+        f"tokens: input {w.input_tokens}, output {w.output_tokens}{prefix}",
+        f"routing: {routing}; readings every {plan.scrape_interval_s:g} s",
+    ]
+    if swept == "max-in-flight" or {"global_max_in_flight", "capacity_providers"} & set(
+        plan.gateway
+    ):
+        limit = "swept" if swept == "max-in-flight" else settings.global_max_in_flight
+        lines.append(
+            f"admission: max in flight {limit} ({','.join(settings.capacity_providers)}), "
+            f"policy {settings.overflow_policy}, "
+            f"max queue {settings.max_queue}, queue timeout {settings.queue_timeout_s:g} s"
+        )
+    return lines

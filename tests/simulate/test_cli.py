@@ -1,0 +1,311 @@
+"""The ``obleth simulate`` command: its errors, its repeatability, and the report and sweep
+it prints, read as a user reads them."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.cli import main
+
+#: The repository root: ``python -m gateway`` must import this checkout even when pytest
+#: runs from elsewhere.
+REPO = Path(__file__).resolve().parents[2]
+
+#: A run that goes through every part whose order could depend on hashing: varied token
+#: counts, shared prefixes, two tenants in a fair queue, several scorers, fitness.
+BUSY = (
+    "--num-instances=4",
+    "--rate=150",
+    "--num-requests=400",
+    "--input-tokens=exponential:300",
+    "--output-tokens=uniform:50,400",
+    "--prefix-tokens=256",
+    "--prefix-groups=8",
+    "--tenants=a:2,b:1",
+    "--tenant-weights=a:1,b:2",
+    "--max-in-flight=64",
+    "--routing-scorers=prefix-affinity:3,queue-depth:1,kv-utilization:1",
+    "--fitness-weights=p99_ttft:3,mean_e2e:1,throughput:2",
+)
+
+#: The figures a capacity planner reads, each in both the JSON and the table.
+FIGURES = (
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "e2e_mean_ms",
+    "e2e_p99_ms",
+    "responses_per_sec",
+    "preemption_count",
+    "scheduling_delay_p99_ms",
+    "prefix_cache_hit_rate",
+    "load_imbalance",
+    "fitness",
+)
+
+
+def simulate_process(*argv: str, hash_seed: str = "0") -> subprocess.Popen[str]:
+    """``obleth simulate ARGV`` started as its own process, with ``PYTHONHASHSEED``."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": hash_seed}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", "simulate", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def finished(process: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    """What ``process`` printed and its status, once it has ended."""
+    out, err = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def obleth_simulate(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``obleth simulate ARGV`` as a process, run to its end."""
+    return finished(simulate_process(*argv))
+
+
+def simulate_in_process(*argv: str) -> str:
+    """What ``obleth simulate ARGV`` prints, run in this process."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["simulate", *argv]) == 0
+    return out.getvalue()
+
+
+def table_rows(table: str) -> dict[str, str]:
+    """A run's table as ``{figure: what follows it}``, for the lines of one figure each."""
+    rows = {}
+    for line in table.splitlines():
+        name, _, rest = line.partition(" ")
+        if name and rest.startswith(" ") and not name.endswith(":"):
+            rows[name] = rest.strip()
+    return rows
+
+
+def shows(printed: str, value: float) -> bool:
+    """``printed`` is ``value`` rounded to the decimals it shows."""
+    decimals = len(printed.partition(".")[2])
+    return abs(float(printed) - value) <= 0.5 * 10**-decimals + 1e-9
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+def missing_file(tmp_path: Path) -> str:
+    return str(tmp_path / "missing.json")
+
+
+def unknown_engine_key(tmp_path: Path) -> str:
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps({"model": "mine", "engine": {"step_z": 0.01}}))
+    return str(path)
+
+
+BAD_FLAGS: list[tuple[str, Any, list[str]]] = [
+    ("--rate", "0", []),
+    ("--num-requests", "0", []),
+    ("--num-instances", "0", []),
+    ("--max-in-flight", "0", []),
+    ("--tenants", "a:0", []),
+    ("--input-tokens", "normal:abc", []),
+    ("--sweep", "bogus=1..2", ["num-instances", "rate", "max-in-flight"]),
+    ("--slo", "nope=1", ["ttft_p99_ms"]),
+    ("--fitness-weights", "p99_ttft:-1", ["p99_ttft"]),
+    ("--profile", missing_file, ["missing.json"]),
+    ("--profile", unknown_engine_key, ["engine.step_z", "step_s"]),
+    ("--routing-policy", "bogus", ["round-robin", "least-loaded", "weighted"]),
+    ("--policy", "bogus", ["reject", "block"]),
+    ("--routing-scorers", "nosuch:1", ["nosuch", "prefix-affinity", "queue-depth"]),
+    ("--model", "nosuch", ["qwen/qwen3-14b", "meta-llama/llama-3.1-8b-instruct"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "told"),
+    BAD_FLAGS,
+    ids=[f"{flag}={getattr(value, '__name__', value)}" for flag, value, _ in BAD_FLAGS],
+)
+def test_a_bad_flag_exits_2_with_one_line_naming_it(
+    flag: str, value: Any, told: list[str], tmp_path: Path
+) -> None:
+    """A value the command cannot use stops it before anything runs: status 2, nothing on
+    stdout, and one line on stderr that names the flag and what it accepts, not a
+    traceback."""
+    given = value(tmp_path) if callable(value) else value
+    done = obleth_simulate("--num-requests=5", flag, given)  # the last --num-requests wins
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"obleth: {flag} ")
+    assert "expected expected" not in lines[0]
+    for word in told:
+        assert word in lines[0]
+
+
+@pytest.mark.parametrize("flag", ["--rate", "--num-instances", "--scrape-interval"])
+def test_a_value_of_the_wrong_type_exits_2_naming_the_flag(flag: str) -> None:
+    """argparse's own check of a number also exits with status 2 and names the flag."""
+    done = obleth_simulate(flag, "abc")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "Traceback" not in done.stderr
+    assert f"argument {flag}: invalid" in done.stderr.splitlines()[-1]
+
+
+# -- determinism -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def printed() -> dict[str, subprocess.CompletedProcess[str]]:
+    """The busy run as a table and as JSON, each from two processes with different hash
+    seeds, and the JSON with another workload seed; all started at once."""
+    started = {
+        "table 1": simulate_process(*BUSY, hash_seed="1"),
+        "table 2": simulate_process(*BUSY, hash_seed="2"),
+        "json 1": simulate_process(*BUSY, "--json", hash_seed="1"),
+        "json 2": simulate_process(*BUSY, "--json", hash_seed="2"),
+        "json seed 7": simulate_process(*BUSY, "--json", "--seed=7", hash_seed="1"),
+    }
+    done = {name: finished(process) for name, process in started.items()}
+    for name, process in done.items():
+        assert process.returncode == 0, f"{name}: {process.stderr}"
+    return done
+
+
+@pytest.mark.parametrize("form", ["table", "json"])
+def test_the_same_flags_and_seed_print_the_same_bytes(
+    printed: dict[str, subprocess.CompletedProcess[str]], form: str
+) -> None:
+    """Two runs of the same command print identical output, even in processes that hash
+    strings differently: a result can be reproduced and two configurations compared."""
+    assert printed[f"{form} 1"].stdout == printed[f"{form} 2"].stdout
+    assert printed[f"{form} 1"].stdout
+
+
+def test_another_seed_draws_another_workload(
+    printed: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    """The seed is what the result depends on: a different one gives different figures."""
+    one = json.loads(printed["json 1"].stdout)
+    seven = json.loads(printed["json seed 7"].stdout)
+    assert seven["seed"] == 7
+    assert one["ttft_p99_ms"] != seven["ttft_p99_ms"]
+    assert one["e2e_mean_ms"] != seven["e2e_mean_ms"]
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def busy_json(printed: dict[str, subprocess.CompletedProcess[str]]) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(printed["json 1"].stdout)
+    return document
+
+
+def test_the_json_report_has_every_figure(busy_json: dict[str, Any]) -> None:
+    """A program reading --json finds each figure as a number, and the per-instance counts
+    that add up to the requests completed."""
+    for figure in FIGURES:
+        assert isinstance(busy_json[figure], int | float), figure
+    counts = busy_json["instance_requests"]
+    assert len(counts) == 4
+    assert sum(counts) == busy_json["completed"] == 400
+    assert busy_json["load_imbalance"] == pytest.approx(max(counts) / (sum(counts) / 4))
+    assert set(busy_json["tenants"]) == {"a", "b"}
+
+
+def test_the_table_shows_the_figures_of_the_json(
+    printed: dict[str, subprocess.CompletedProcess[str]], busy_json: dict[str, Any]
+) -> None:
+    """The table a person reads and the JSON a program reads tell the same run."""
+    table = printed["table 1"].stdout
+    rows = table_rows(table)
+    for figure in FIGURES:
+        assert shows(rows[figure], busy_json[figure]), (figure, rows[figure], busy_json[figure])
+    assert rows["completed"] == "400 of 400"
+    assert rows["instance_requests"].split() == [str(c) for c in busy_json["instance_requests"]]
+    for tenant, numbers in busy_json["tenants"].items():
+        line = next(line for line in table.splitlines() if line.startswith(f"{tenant} "))
+        assert shows(line.split()[-1], numbers["ttft_p99_ms"])
+
+
+def test_fitness_of_one_run_follows_its_documented_normalisation(busy_json: dict[str, Any]) -> None:
+    """A latency of weight w scores w / (1 + ms / 1000); throughput scores its share of the
+    best run's, the whole weight for a single run."""
+    expected = 3 / (1 + busy_json["ttft_p99_ms"] / 1000) + 1 / (1 + busy_json["e2e_mean_ms"] / 1000)
+    assert busy_json["fitness"] == pytest.approx(expected + 2)
+
+
+def test_fitness_in_a_sweep_scores_throughput_against_the_best_run() -> None:
+    """In a sweep, a run's throughput scores its share of the fastest run's, so fitness
+    ranks the runs against each other."""
+    document = json.loads(
+        simulate_in_process(
+            "--num-requests=100",
+            "--sweep=rate=5,20",
+            "--fitness-weights=throughput:2,p99_ttft:1",
+            "--json",
+        )
+    )
+    runs = document["runs"]
+    best = max(r["responses_per_sec"] for r in runs)
+    assert runs[0]["responses_per_sec"] < best
+    for r in runs:
+        expected = 2 * r["responses_per_sec"] / best + 1 / (1 + r["ttft_p99_ms"] / 1000)
+        assert r["fitness"] == pytest.approx(expected)
+
+
+# -- the sweep -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sweep_table() -> tuple[list[dict[str, str]], str]:
+    """The tutorial's sweep, 4 to 12 instances against a 500 ms objective: its table's rows,
+    by column, and its verdict."""
+    table = simulate_in_process(
+        "--rate=200",
+        "--num-requests=1000",
+        "--sweep=num-instances=4..12",
+        "--slo=ttft_p99_ms=500",
+    )
+    lines = table.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["num-instances"])
+    names = lines[header].split()
+    end = lines.index("", header)
+    rows = [dict(zip(names, line.split(), strict=True)) for line in lines[header + 1 : end]]
+    return rows, lines[-1]
+
+
+def test_a_sweep_names_the_fewest_instances_that_meet_the_objective(
+    sweep_table: tuple[list[dict[str, str]], str],
+) -> None:
+    """The verdict names the smallest fleet whose row meets the objective."""
+    rows, verdict = sweep_table
+    assert [r["num-instances"] for r in rows] == [str(n) for n in range(4, 13)]
+    assert "fitness" not in rows[0]  # scored only when --fitness-weights asks
+    meeting = [int(r["num-instances"]) for r in rows if r["slo"] == "yes"]
+    assert rows[0]["slo"] == "no"  # 4 instances are overloaded
+    assert verdict == f"smallest num-instances meeting ttft_p99_ms=500: {min(meeting)}"
+
+
+def test_each_sweep_row_says_whether_its_own_ttft_meets_the_objective(
+    sweep_table: tuple[list[dict[str, str]], str],
+) -> None:
+    """The slo column agrees with the row's 99th-percentile time to first token."""
+    rows, _ = sweep_table
+    for row in rows:
+        assert row["slo"] == ("yes" if float(row["ttft_p99_ms"]) <= 500 else "no"), row
