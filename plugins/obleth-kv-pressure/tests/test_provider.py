@@ -99,3 +99,18 @@ def test_knobs_come_from_the_environment_and_bad_ones_are_named() -> None:
         knobs_from({"OBLETH_KV_PRESSURE_DECREASE": "1"})
     with pytest.raises(ConfigError, match="OBLETH_KV_PRESSURE_FLOOR='0'"):
         knobs_from({"OBLETH_KV_PRESSURE_FLOOR": "0"})
+
+
+def test_readings_are_judged_fresh_on_the_readings_own_clock() -> None:
+    """On a virtual clock (``obleth simulate``) a reading taken a moment ago in virtual
+    time is fresh, however long ago that is for ``time.monotonic``; one taken longer ago
+    than ``stale_after_s`` on that clock is not."""
+    now = [5.0]
+    readings = Readings([A, B], stale_after_s=1.0, clock=lambda: now[0])
+    provider = KvPressureLimit(Knobs(), None)
+    provider.use_ceiling(lambda: 64)
+    provider.use_readings(readings)
+    poll(readings, Reading(A, healthy=True, at=4.5, kv_usage=0.5), Reading(B, healthy=True, at=2.0))
+    assert provider.explain()["signals"]["fresh_upstreams"] == 1
+    now[0] = 10.0
+    assert provider.signals(readings).fresh == 0
