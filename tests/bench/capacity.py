@@ -5,6 +5,7 @@ to find the best one, static at 4x that, and the computed providers installed fr
     pip install -e plugins/obleth-kv-pressure -e plugins/obleth-adaptive
     python tests/bench/capacity.py                 # about eight minutes
     python tests/bench/capacity.py --seconds 15    # quicker, noisier
+    python tests/bench/capacity.py --simulated     # in obleth simulate: seconds, no servers
 
 Every process is real: ``--backends`` simulated backends (``obleth mock-backend``) whose
 KV cache holds ``SEQS_PER_BACKEND`` sequences of a request's final length, so that more
@@ -20,6 +21,12 @@ measured, and then the figures are taken over ``--seconds``:
   ``--slo`` (1.5 s), the figure an LLM service is judged by;
 - completed requests per second, the shed ones, preemptions (the backends' own
   ``vllm:num_preemptions_total``), TTFT p50/p99 of the completed ones.
+
+``--simulated`` runs the same configurations in ``obleth simulate`` instead: the same
+step model on a virtual clock, the same gateway code (admission, routing, the providers),
+no processes and no HTTP. A configuration takes a fraction of a second, and the same
+seed gives the same figures: the loop to tune a provider's law in. ``--seed`` draws
+the arrivals (both modes).
 
 The best static limit is the swept value with the highest goodput; the targets (the
 capacity issue's): ``kv-pressure`` and ``adaptive``, untuned, within 10 % of its goodput,
@@ -204,6 +211,8 @@ def preemptions(backends: list[Process]) -> float:
 
 
 def measure(name: str, limit: int, providers: str, args: argparse.Namespace, rate: float) -> Run:
+    if args.simulated:
+        return simulated(name, limit, providers, args, rate)
     backends = [start_backend() for _ in range(args.backends)]
     gateway = None
     try:
@@ -211,7 +220,14 @@ def measure(name: str, limit: int, providers: str, args: argparse.Namespace, rat
         run = Run(name, limit)
         before = preemptions(backends)
         asyncio.run(
-            drive(f"http://{HOST}:{gateway.port}", rate, args.seconds, args.seconds / 10, 7, run)
+            drive(
+                f"http://{HOST}:{gateway.port}",
+                rate,
+                args.seconds,
+                args.seconds / 10,
+                args.seed,
+                run,
+            )
         )
         run.preemptions = preemptions(backends) - before
         return run
@@ -222,6 +238,60 @@ def measure(name: str, limit: int, providers: str, args: argparse.Namespace, rat
             backend.stop()
 
 
+def simulated(name: str, limit: int, providers: str, args: argparse.Namespace, rate: float) -> Run:
+    """The configuration in ``obleth simulate``: the backends' step model with the flags
+    ``start_backend`` gives them, the gateway's settings ``start_gateway`` gives it."""
+    from gateway.sim.config import SimConfig
+    from gateway.simulate.profiles import Profile
+    from gateway.simulate.run import Plan, simulate
+    from gateway.simulate.workload import Tokens, Workload
+
+    config = SimConfig(
+        model="bench",
+        max_num_seqs=256,
+        kv_cache_blocks=kv_blocks(),
+        block_size_tokens=BLOCK,
+        chars_per_token=CHARS_PER_TOKEN,
+        prefix_cache_blocks=0,
+        step_s=STEP_MS / 1000,
+        step_s_per_seq=STEP_MS_PER_SEQ / 1000,
+        prefill_s_per_token=PREFILL_MS_PER_TOKEN / 1000,
+    )
+    warmup_s = args.seconds / 10
+    plan = Plan(
+        profile=Profile("bench", "tests/bench/capacity.py's backends", config),
+        workload=Workload(
+            rate,
+            round(rate * (warmup_s + args.seconds)),
+            Tokens("fixed", PROMPT_TOKENS),
+            Tokens("fixed", OUTPUT_TOKENS),
+        ),
+        num_instances=args.backends,
+        seed=args.seed,
+        scrape_interval_s=0.25,
+        gateway={
+            "global_max_in_flight": limit,
+            "capacity_providers": tuple(providers.split(",")),
+            "queue_timeout_s": QUEUE_TIMEOUT_S,
+            "max_queue": 100000,
+            "routing_policy": "least-loaded",
+        },
+    )
+    result = simulate(plan)
+    run = Run(name, limit, seconds=args.seconds, preemptions=float(result.preemptions))
+    for outcome in result.outcomes:
+        if outcome.request.arrival_s < warmup_s:
+            continue
+        sequence = outcome.sequence
+        if sequence is None:
+            run.shed += 1
+        else:
+            assert sequence.first_token_at is not None
+            run.ok += 1
+            run.ttft.append(sequence.first_token_at - outcome.arrived_at)
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--backends", type=int, default=2)
@@ -229,10 +299,16 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=1.5)
     parser.add_argument("--slo", type=float, default=1.5, help="TTFT SLO, seconds")
     parser.add_argument("--sweep", default="0.5,0.75,1,1.25,1.5", help="static limits, in fits")
+    parser.add_argument("--seed", type=int, default=7, help="seed of the arrivals")
+    parser.add_argument(
+        "--simulated", action="store_true", help="run in obleth simulate, not real processes"
+    )
     args = parser.parse_args()
     fits = args.backends * SEQS_PER_BACKEND
     rate = args.load * fleet_rate(args.backends)
     print(f"# {machine()}\n# {software()}\n# code {code_version()}")
+    if args.simulated:
+        print("# simulated: obleth simulate's virtual clock, no processes")
     print(
         f"# {args.backends} backends holding {SEQS_PER_BACKEND} sequences each ({fits} in all, "
         f"{fleet_rate(args.backends):.1f} req/s without preemption); load {args.load}x = "
