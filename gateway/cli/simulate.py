@@ -13,6 +13,7 @@ from gateway.errors import ConfigError
 from gateway.settings import parsers
 from gateway.simulate import profiles
 from gateway.simulate.errors import BadFlag
+from gateway.simulate.profiles import Profile
 from gateway.simulate.render import as_json, run_table, sweep_table
 from gateway.simulate.report import add_fitness, parse_weights, report
 from gateway.simulate.run import FLAG_OF_SETTING, Plan, settings_for, simulate
@@ -47,6 +48,35 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(default: none, the --model profile)",
     )
     model.add_argument("--num-instances", type=int, default=1, help="instances of the model")
+    model.add_argument(
+        "--total-kv-blocks",
+        type=int,
+        default=None,
+        help="KV cache blocks of each instance, its prefix cache too (default: the profile's)",
+    )
+    model.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="sequences an instance batches at most (default: the profile's)",
+    )
+    model.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="tokens per step, for chunked prefill (default: the profile's; none: no chunking)",
+    )
+    model.add_argument(
+        "--block-size-in-tokens",
+        type=int,
+        default=None,
+        help="tokens per KV block (default: the profile's)",
+    )
+    model.add_argument(
+        "--no-enable-prefix-caching",
+        action="store_true",
+        help="instances keep no prefix cache",
+    )
     load = parser.add_argument_group("the workload")
     load.add_argument(
         "--rate", type=float, default=10.0, help="requests per second in all (Poisson arrivals)"
@@ -205,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
 def plan_of(args: argparse.Namespace) -> Plan:
     """The run the flags describe; `BadFlag` for the first unusable one."""
     profile = profiles.from_file(args.profile) if args.profile else profiles.named(args.model)
+    profile = _engine_flags(profile, args)
     _at_least("--num-instances", args.num_instances, 1)
     _at_least("--num-requests", args.num_requests, 1)
     _at_least("--prefix-tokens", args.prefix_tokens, 0)
@@ -251,8 +282,54 @@ def plan_of(args: argparse.Namespace) -> Plan:
     )
 
 
+#: The instance flags, each with the profile's engine field it sets.
+_ENGINE_FLAGS = {
+    "--total-kv-blocks": "kv_cache_blocks",
+    "--max-num-seqs": "max_num_seqs",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--block-size-in-tokens": "block_size_tokens",
+}
+
+
+def _engine_flags(profile: Profile, args: argparse.Namespace) -> Profile:
+    """``profile`` with the instance flags given applied; `BadFlag` for a value the step
+    model cannot use."""
+    changes: dict[str, Any] = {}
+    for flag, field in _ENGINE_FLAGS.items():
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if value is not None:
+            changes[field] = value
+    if "kv_cache_blocks" in changes:
+        # a cached prefix lives in KV memory no sequence holds: the cache is as large
+        changes["prefix_cache_blocks"] = changes["kv_cache_blocks"]
+    if args.no_enable_prefix_caching:
+        changes["prefix_cache_blocks"] = 0
+    return _engine(profile, changes)
+
+
+def _engine(profile: Profile, changes: dict[str, Any]) -> Profile:
+    """``profile`` with engine fields ``changes``, a `BadFlag` naming the flag of the first
+    unusable one."""
+    if not changes:
+        return profile
+    try:
+        return replace(profile, config=replace(profile.config, **changes))
+    except ConfigError as exc:
+        flags = {field: flag for flag, field in _ENGINE_FLAGS.items()}
+        flag = flags.get(exc.setting, "--total-kv-blocks")
+        raise BadFlag(flag, exc.value, exc.expected, told=True) from None
+
+
 def _with(plan: Plan, flag: str, value: float) -> Plan:
     """``plan`` with the swept flag set to ``value``."""
+    if flag == "total-kv-blocks":
+        blocks = int(value)
+        changes = {"kv_cache_blocks": blocks}
+        if plan.profile.config.prefix_cache_blocks:
+            changes["prefix_cache_blocks"] = blocks
+        return replace(plan, profile=_engine(plan.profile, changes))
+    if flag == "max-num-seqs":
+        return replace(plan, profile=_engine(plan.profile, {"max_num_seqs": int(value)}))
     if flag == "num-instances":
         return replace(plan, num_instances=int(value))
     if flag == "rate":

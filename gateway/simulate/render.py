@@ -95,12 +95,13 @@ def sweep_table(
     if reports and "fitness" in reports[0]:
         columns.append(("fitness", 4))
     has_slo = bool(reports) and "slo_met" in reports[0]
-    header = f"{flag:>14}" + "".join(f"{key:>{_width(key)}}" for key, _ in columns)
+    first = max(14, len(flag) + 1)
+    header = f"{flag:>{first}}" + "".join(f"{key:>{_width(key)}}" for key, _ in columns)
     if has_slo:
         header += f"{'slo':>5}"
     lines = [*heading, "", header]
     for value, report in zip(values, reports, strict=True):
-        row = f"{value:>14g}" + "".join(
+        row = f"{value:>{first}g}" + "".join(
             f"{_number(report[key], decimals):>{_width(key)}}" for key, decimals in columns
         )
         if has_slo:

@@ -3,7 +3,7 @@
 ``--sweep num-instances=4..16`` runs the same workload (same seed) on 4, 5, ... 16
 instances; with ``--slo ttft_p99_ms=500`` the answer is the fewest instances that meet
 it. A sweep over ``rate`` answers the highest rate that meets it; over
-``max-in-flight``, the smallest limit.
+``max-in-flight``, ``total-kv-blocks`` or ``max-num-seqs``, the smallest value.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ SWEEPABLE = {
     "num-instances": (int, "smallest"),
     "rate": (float, "largest"),
     "max-in-flight": (int, "smallest"),
+    "total-kv-blocks": (int, "smallest"),
+    "max-num-seqs": (int, "smallest"),
 }
 
 #: Report figures where more is better: an objective on them is a floor. Every other

@@ -129,6 +129,9 @@ BAD_FLAGS: list[tuple[str, Any, list[str]]] = [
     ("--policy", "bogus", ["reject", "block"]),
     ("--routing-scorers", "nosuch:1", ["nosuch", "prefix-affinity", "queue-depth"]),
     ("--model", "nosuch", ["qwen/qwen3-14b", "meta-llama/llama-3.1-8b-instruct"]),
+    ("--total-kv-blocks", "0", ["1"]),
+    ("--max-num-batched-tokens", "8", ["max_num_seqs"]),
+    ("--sweep", "total-kv-blocks=0,8", []),
 ]
 
 
