@@ -138,74 +138,119 @@ def simulate(plan: Plan) -> RunResult:
 
 
 async def _run(plan: Plan) -> RunResult:
-    loop = asyncio.get_running_loop()
-    settings = settings_for(plan)
-    interval = plan.scrape_interval_s
-    urls = [u.url for u in settings.upstreams]
-    readings = Readings(
-        urls,
-        stale_after_s=STALE_AFTER_INTERVALS * interval if interval > 0 else math.inf,
-        clock=loop.time,
-    )
-    try:
-        gateway = Gateway(settings, readings=readings)
-    except ConfigError as exc:
-        raise _flag_error(exc) from None
-    router = gateway.router
-    assert router is not None  # there are upstreams
-    # capacity providers that follow time to first byte hear it as in a server: from the
-    # moment the request is handed to its instance to its first token
-    feed = FirstByteFeed.of(gateway, Complaints())
-    first_token = None
-    if feed is not None:
-        fed = feed
+    return await _Run(plan).run()
 
-        def first_token(sequence: Sequence) -> None:
-            assert sequence.first_token_at is not None
-            fed(sequence.first_token_at - sequence.arrived_at)
 
-    instances = [Instance(url, plan.profile.config, first_token=first_token) for url in urls]
-    by_url = {instance.url: n for n, instance in enumerate(instances)}
-    reader = RequestReader(
-        router.fleet,
-        block_bytes=settings.prefix_block_bytes,
-        session_header=settings.session_header,
-    )
-    config = plan.profile.config
-    model = plan.profile.model
+class _Run:
+    """One run's gateway, instances and readings; built on the (virtual) loop it runs on."""
 
-    def scrape() -> None:
-        now = loop.time()
-        for instance in instances:
-            readings.update(instance.reading(now))
-        readings.notify()
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.loop = asyncio.get_running_loop()
+        settings = settings_for(plan)
+        interval = plan.scrape_interval_s
+        urls = [u.url for u in settings.upstreams]
+        self.readings = Readings(
+            urls,
+            stale_after_s=STALE_AFTER_INTERVALS * interval if interval > 0 else math.inf,
+            clock=self.loop.time,
+        )
+        try:
+            self.gateway = Gateway(settings, readings=self.readings)
+        except ConfigError as exc:
+            raise _flag_error(exc) from None
+        router = self.gateway.router
+        assert router is not None  # there are upstreams
+        self.router = router
+        self.reader = RequestReader(
+            router.fleet,
+            block_bytes=settings.prefix_block_bytes,
+            session_header=settings.session_header,
+        )
+        # providers that follow time to first byte hear it as in a server: from the
+        # moment the request is handed to its instance to its first token
+        self.feed = FirstByteFeed.of(self.gateway, Complaints())
+        first_token = self._first_token if self.feed is not None else None
+        self.instances = [
+            Instance(url, plan.profile.config, first_token=first_token) for url in urls
+        ]
+        self.by_url = {instance.url: n for n, instance in enumerate(self.instances)}
 
-    async def scraper() -> None:
+    async def run(self) -> RunResult:
+        """Every request of the workload, from its arrival to its end."""
+        plan, loop = self.plan, self.loop
+        requests = plan.workload.requests(plan.seed)
+        outcomes = [Outcome(r) for r in requests]
+        await self.gateway.start()
+        polling = None
+        if plan.scrape_interval_s > 0:
+            polling = loop.create_task(self._poll(plan.scrape_interval_s))
+        try:
+            tasks = []
+            for request, outcome in zip(requests, outcomes, strict=True):
+                delay = START + request.arrival_s - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(loop.create_task(self._serve(request, outcome)))
+            await asyncio.gather(*tasks)
+        finally:
+            if polling is not None:
+                polling.cancel()
+            await self.gateway.stop()
+        counters = [instance.batch.counters for instance in self.instances]
+        return RunResult(
+            plan=plan,
+            outcomes=outcomes,
+            instance_requests=[instance.requests for instance in self.instances],
+            preemptions=sum(c.preemptions for c in counters),
+            steps=sum(c.steps for c in counters),
+            prefix_query_tokens=sum(c.prefix_cache_query_tokens for c in counters),
+            prefix_hit_tokens=sum(c.prefix_cache_hit_tokens for c in counters),
+            end_s=loop.time() - START,
+        )
+
+    def _scrape(self) -> None:
+        """One polling round: every instance's gauges as they are now."""
+        now = self.loop.time()
+        for instance in self.instances:
+            self.readings.update(instance.reading(now))
+        self.readings.notify()
+
+    async def _poll(self, interval_s: float) -> None:
         while True:
-            scrape()
-            await asyncio.sleep(interval)
+            self._scrape()
+            await asyncio.sleep(interval_s)
 
-    async def serve(request: SimRequest, outcome: Outcome) -> None:
+    def _first_token(self, sequence: Sequence) -> None:
+        assert self.feed is not None
+        assert sequence.first_token_at is not None
+        self.feed(sequence.first_token_at - sequence.arrived_at)
+
+    async def _serve(self, request: SimRequest, outcome: Outcome) -> None:
+        """One request through the gateway to its instance, as the ASGI middleware takes
+        it: a seat, a route, the instance's answer, and the seat given back once."""
+        loop, plan = self.loop, self.plan
         outcome.arrived_at = loop.time()
         try:
-            permit = await gateway.scheduler.acquire(ticket(request.tenant))
+            permit = await self.gateway.scheduler.acquire(ticket(request.tenant))
         except Rejected as exc:
             outcome.rejected = exc.reason
             return
         try:
-            if interval <= 0:
-                scrape()
-            body = request.body(model)
-            decision = router.route(reader.read(PATH, (), body, request.tenant, None))
+            if plan.scrape_interval_s <= 0:
+                self._scrape()
+            body = request.body(plan.profile.model)
+            route = self.reader.read(PATH, (), body, request.tenant, None)
+            decision = self.router.route(route)
             try:
                 outcome.handed_at = loop.time()
-                outcome.instance = by_url[decision.upstream]
+                outcome.instance = self.by_url[decision.upstream]
                 prompt = tokenize(
                     request.prompt,
                     chars_per_token=CHARS_PER_TOKEN,
-                    block_size_tokens=config.block_size_tokens,
+                    block_size_tokens=plan.profile.config.block_size_tokens,
                 )
-                instance = instances[outcome.instance]
+                instance = self.instances[outcome.instance]
                 outcome.sequence = await instance.submit(prompt, request.output_tokens)
             finally:
                 decision.finish()
@@ -216,34 +261,6 @@ async def _run(plan: Plan) -> RunResult:
             outcome.rejected = "prompt_too_long"
         finally:
             permit.release()
-
-    requests = plan.workload.requests(plan.seed)
-    outcomes = [Outcome(r) for r in requests]
-    await gateway.start()
-    polling = loop.create_task(scraper()) if interval > 0 else None
-    try:
-        tasks = []
-        for request, outcome in zip(requests, outcomes, strict=True):
-            delay = START + request.arrival_s - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(loop.create_task(serve(request, outcome)))
-        await asyncio.gather(*tasks)
-    finally:
-        if polling is not None:
-            polling.cancel()
-        await gateway.stop()
-    end = loop.time() - START
-    return RunResult(
-        plan=plan,
-        outcomes=outcomes,
-        instance_requests=[i.requests for i in instances],
-        preemptions=sum(i.batch.counters.preemptions for i in instances),
-        steps=sum(i.batch.counters.steps for i in instances),
-        prefix_query_tokens=sum(i.batch.counters.prefix_cache_query_tokens for i in instances),
-        prefix_hit_tokens=sum(i.batch.counters.prefix_cache_hit_tokens for i in instances),
-        end_s=end,
-    )
 
 
 def _flag_error(exc: ConfigError) -> BadFlag:
