@@ -15,7 +15,13 @@ from gateway.simulate import profiles
 from gateway.simulate.errors import BadFlag
 from gateway.simulate.profiles import Profile
 from gateway.simulate.render import as_json, run_table, sweep_table
-from gateway.simulate.report import add_fitness, parse_weights, report
+from gateway.simulate.report import (
+    add_fitness,
+    open_records,
+    parse_weights,
+    report,
+    write_records,
+)
 from gateway.simulate.run import FLAG_OF_SETTING, Plan, settings_for, simulate
 from gateway.simulate.sweep import Sweep, answer, meets, parse_slo, parse_sweep
 from gateway.simulate.workload import Workload, parse_shares, parse_tokens
@@ -184,6 +190,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(default: none)",
     )
     out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument(
+        "--results-path",
+        metavar="FILE",
+        default=None,
+        help="also write one JSON line per request to FILE (a sweep's lines name their "
+        "value) (default: none)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -199,7 +212,14 @@ def run(args: argparse.Namespace) -> int:
     slo = parse_slo(args.slo) if args.slo else None
     sweep = parse_sweep(args.sweep) if args.sweep else None
     plans = [plan] if sweep is None else [_with(plan, sweep.flag, v) for v in sweep.values]
-    reports = [report(simulate(p)) for p in plans]
+    # opened first: a path that cannot be written stops the command before it runs
+    sink = open_records(args.results_path) if args.results_path else None
+    results = [simulate(p) for p in plans]
+    reports = [report(r) for r in results]
+    if sink is not None:
+        with sink:
+            values = [None] if sweep is None else list(sweep.values)
+            write_records(sink, sweep.flag if sweep else None, zip(values, results, strict=True))
     if weights is not None:
         add_fitness(reports, weights)
     if slo is not None:

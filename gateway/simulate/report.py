@@ -7,9 +7,11 @@ nearest ranks (numpy's default).
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TextIO
 
 from gateway.simulate.errors import BadFlag
 from gateway.simulate.run import Outcome, RunResult
@@ -86,6 +88,59 @@ def report(result: RunResult) -> Report:
     if len(tenants) > 1:
         out["tenants"] = {t: _tenant(result.outcomes, t) for t in tenants}
     return out
+
+
+def records(result: RunResult) -> list[dict[str, object]]:
+    """One record per request, in arrival order: what a planner plots or filters when
+    percentiles are not enough. Times in milliseconds from its arrival at the gateway;
+    absent for what did not happen (a refused request has no first token)."""
+    out = []
+    for outcome in result.outcomes:
+        request = outcome.request
+        record: dict[str, object] = {
+            "index": request.index,
+            "arrival_s": request.arrival_s,
+            "tenant": request.tenant,
+            "prompt_tokens": request.prompt_tokens,
+            "output_tokens": request.output_tokens,
+        }
+        if request.group is not None:
+            record["prefix_group"] = request.group
+        if outcome.rejected is not None:
+            record["rejected"] = outcome.rejected
+        if outcome.handed_at is not None:
+            record["gateway_wait_ms"] = 1000 * (outcome.handed_at - outcome.arrived_at)
+            record["instance"] = outcome.instance
+        sequence = outcome.sequence
+        if sequence is not None:
+            record["scheduling_delay_ms"] = _scheduling_delay_ms(outcome)
+            record["ttft_ms"] = _ms(outcome, "first_token_at")
+            record["e2e_ms"] = _ms(outcome, "finished_at")
+            record["generated_tokens"] = sequence.generated
+            record["cached_prompt_tokens"] = sequence.cached_prompt_tokens
+            record["preemptions"] = sequence.preemptions
+        out.append(record)
+    return out
+
+
+def open_records(path: str) -> TextIO:
+    """``path`` opened for `write_records` (``--results-path``); `BadFlag` when it cannot
+    be written."""
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as exc:
+        raise BadFlag("--results-path", path, f"a writable file ({exc.strerror})") from None
+
+
+def write_records(
+    out: TextIO, flag: str | None, runs: Iterable[tuple[float | None, RunResult]]
+) -> None:
+    """Each request's record of each run as a JSON object per line; in a sweep over
+    ``flag``, each line starts with the run's value of it."""
+    for value, result in runs:
+        for record in records(result):
+            line = record if flag is None else {flag: value, **record}
+            out.write(json.dumps(line, separators=(",", ":")) + "\n")
 
 
 def parse_weights(text: str) -> dict[str, float]:

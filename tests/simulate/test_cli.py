@@ -132,6 +132,7 @@ BAD_FLAGS: list[tuple[str, Any, list[str]]] = [
     ("--total-kv-blocks", "0", ["1"]),
     ("--max-num-batched-tokens", "8", ["max_num_seqs"]),
     ("--sweep", "total-kv-blocks=0,8", []),
+    ("--results-path", "/nonexistent/dir/requests.jsonl", ["writable"]),
 ]
 
 
@@ -312,3 +313,34 @@ def test_each_sweep_row_says_whether_its_own_ttft_meets_the_objective(
     rows, _ = sweep_table
     for row in rows:
         assert row["slo"] == ("yes" if float(row["ttft_p99_ms"]) <= 500 else "no"), row
+
+
+def test_the_results_file_has_a_record_per_request_that_agrees_with_the_report(
+    tmp_path: Path,
+) -> None:
+    """``--results-path``: one JSON line per request, served or refused, whose times give
+    back the report's percentiles; in a sweep, each line names its run's value."""
+    path = tmp_path / "requests.jsonl"
+    done = obleth_simulate(
+        "--num-instances=2", "--rate=40", "--num-requests=200", "--max-in-flight=40",
+        "--policy=reject", "--json", f"--results-path={path}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["index"] for line in lines] == list(range(200))
+    served = [line for line in lines if "ttft_ms" in line]
+    refused = [line for line in lines if "rejected" in line]
+    assert len(served) == figures["completed"]
+    assert len(refused) == figures["rejected"] > 0
+    ttft = sorted(line["ttft_ms"] for line in served)
+    assert ttft[len(ttft) // 2] == pytest.approx(figures["ttft_p50_ms"], rel=0.05)
+    assert max(line["e2e_ms"] for line in served) >= figures["e2e_p99_ms"]
+
+    swept = tmp_path / "sweep.jsonl"
+    done = obleth_simulate(
+        "--num-requests=20", "--sweep=num-instances=1,2", f"--results-path={swept}"
+    )
+    assert done.returncode == 0, done.stderr
+    values = [json.loads(line)["num-instances"] for line in swept.read_text().splitlines()]
+    assert values == [1] * 20 + [2] * 20
