@@ -33,6 +33,7 @@ from gateway.routing.request import RouteRequest
 from gateway.routing.router import Decision
 from gateway.routing.upstreams import Upstream
 from gateway.settings import Settings
+from gateway.settings.knobs import PluginKnobs
 
 
 def _installed_version() -> str:
@@ -57,6 +58,7 @@ __all__ = [
     "OblethError",
     "OverflowPolicy",
     "PluginError",
+    "PluginKnobs",
     "Priority",
     "Reading",
     "Readings",

@@ -1,0 +1,48 @@
+"""``PluginKnobs``: a plugin's own ``OBLETH_<NAME>_*`` variables, with Obleth's rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway import ConfigError, PluginKnobs
+
+PREFIX = "OBLETH_MINE_"
+
+
+def knobs(**variables: str) -> PluginKnobs:
+    return PluginKnobs({PREFIX + k: v for k, v in variables.items()}, PREFIX)
+
+
+def test_an_unset_or_blank_variable_takes_the_default() -> None:
+    env = knobs(SIZE="  ")
+    assert env.raw("SIZE") is None
+    assert env.whole("SIZE", 8, least=1) == 8
+    assert env.whole("OTHER", None, least=1) is None
+    assert env.number("RATIO", 0.5, least=0.0) == 0.5
+
+
+def test_values_within_bounds_are_read() -> None:
+    env = knobs(SIZE="12", RATIO="0.25", ZERO="0")
+    assert env.whole("SIZE", 8, least=1) == 12
+    assert env.whole("ZERO", 3, least=0) == 0
+    assert env.number("RATIO", 0.5, above=0.0, most=1.0) == 0.25
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "many", "1.5"])
+def test_a_bad_whole_number_names_the_variable_and_its_bound(text: str) -> None:
+    with pytest.raises(ConfigError, match=f"OBLETH_MINE_SIZE='{text}'.*at least 1") as caught:
+        knobs(SIZE=text).whole("SIZE", 8, least=1)
+    assert caught.value.setting == "OBLETH_MINE_SIZE"
+
+
+@pytest.mark.parametrize("text", ["1.5", "-0.1", "nan", "inf", "half"])
+def test_a_number_out_of_bounds_says_what_it_expects_with_an_example(text: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        knobs(RATIO=text).number("RATIO", 0.5, least=0.0, most=1.0)
+    assert str(caught.value) == (
+        f"OBLETH_MINE_RATIO='{text}': expected a number at least 0 and at most 1, e.g. 0.5"
+    )
+    with pytest.raises(ConfigError, match=r"expected a fraction from 0 to 1, e\.g\. 0\.5"):
+        knobs(RATIO=text).number(
+            "RATIO", 0.5, least=0.0, most=1.0, expected="a fraction from 0 to 1"
+        )
