@@ -16,6 +16,9 @@ Both bind a fresh ephemeral port before the server starts (so there is no race f
 connections, and on exit shut the server down (running lifespan shutdown) and close the
 socket. A server that fails to start raises RuntimeError instead of hanging.
 
+``with mock_backend_process(*flags) as url:`` runs ``obleth mock-backend`` in a process
+of its own instead, for tests whose timing must not share this process's CPU.
+
 ``server.url`` is the base URL. Build httpx clients with ``trust_env=False`` so proxy
 environment variables never route 127.0.0.1 traffic elsewhere.
 """
@@ -25,17 +28,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import httpx
 import uvicorn
 
 from gateway.types import ASGIApp
 
 LifespanMode = Literal["auto", "on", "off"]
+
+#: Where every server of this module listens: loopback only.
+HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,7 @@ async def _serve(server: _QuietServer, sock: socket.socket) -> None:
 def serve_in_thread(
     app: ASGIApp,
     *,
-    host: str = "127.0.0.1",
+    host: str = HOST,
     lifespan: LifespanMode = "auto",
     startup_timeout_s: float = 10.0,
     **uvicorn_options: Any,
@@ -137,7 +146,7 @@ def _wait_started(server: uvicorn.Server, thread: threading.Thread, timeout_s: f
 async def serve_in_task(
     app: ASGIApp,
     *,
-    host: str = "127.0.0.1",
+    host: str = HOST,
     lifespan: LifespanMode = "auto",
     startup_timeout_s: float = 10.0,
     **uvicorn_options: Any,
@@ -167,3 +176,38 @@ async def serve_in_task(
             server.force_exit = True
             await task
         sock.close()
+
+
+@contextlib.contextmanager
+def mock_backend_process(*flags: str, startup_timeout_s: float = 20.0) -> Iterator[str]:
+    """``obleth mock-backend FLAGS`` in a process of its own on 127.0.0.1 (its CPU is not
+    the caller's: what it times is not slowed by the test); yields its base URL once
+    ``/health`` answers, and stops it on exit. ``RuntimeError`` when it exits or does not
+    answer within ``startup_timeout_s``."""
+    with socket.socket() as probe:  # a free port; the backend binds it a moment later
+        probe.bind((HOST, 0))
+        port: int = probe.getsockname()[1]
+    argv = [sys.executable, "-m", "gateway", "mock-backend", "--host", HOST, "--port", str(port)]
+    process = subprocess.Popen(  # noqa: S603 -- this interpreter, our own command
+        [*argv, "--log-level", "warning", *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://{HOST}:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
+                    break
+            if process.poll() is not None:
+                raise RuntimeError(f"obleth mock-backend {' '.join(flags)} exited at startup")
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"obleth mock-backend did not answer within {startup_timeout_s} s"
+                )
+            time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)

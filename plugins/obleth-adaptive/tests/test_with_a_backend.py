@@ -5,29 +5,17 @@ a burst queues inside the backend, first tokens come late, and the limit falls."
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from gateway import Gateway, GatewayMiddleware, Settings
+from gateway.loopback import mock_backend_process
 from gateway.proxy import ProxyApp
 
 from obleth_adaptive import AdaptiveLimit, plugin
 
-HOST = "127.0.0.1"
 CEILING = 24
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -35,30 +23,11 @@ def backend() -> Iterator[str]:
     """A simulated backend running 4 sequences at once, 5 ms per decode step and 0.5 ms
     of prefill per prompt token: a request beyond the fourth waits inside it for a slot,
     so its first token comes late."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "gateway", "mock-backend", "--host", HOST, "--port",
-            str(port), "--log-level", "warning", "--max-num-seqs", "4", "--step-ms", "5",
-            "--step-ms-per-seq", "0", "--prefill-ms-per-token", "0.5",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://{HOST}:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            assert process.poll() is None, "the simulated backend exited"
-            assert time.monotonic() < deadline, "the simulated backend did not start"
-            time.sleep(0.05)
+    with mock_backend_process(
+        "--max-num-seqs", "4", "--step-ms", "5", "--step-ms-per-seq", "0",
+        "--prefill-ms-per-token", "0.5",
+    ) as url:  # fmt: skip
         yield url
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def test_first_tokens_delayed_at_the_backend_cut_the_gateways_limit(

@@ -5,56 +5,23 @@ overflows: the gateway's poller sees the preemptions and the provider cuts the l
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from gateway import Gateway, Settings
-
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
+from gateway.loopback import mock_backend_process
 
 
 @pytest.fixture
 def backend() -> Iterator[str]:
     """A simulated backend with room for 12 sequences of 512 tokens (384 blocks of 16),
     decoding a token every 5 ms."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "gateway", "mock-backend", "--host", HOST, "--port",
-            str(port), "--log-level", "warning", "--kv-cache-blocks", "384",
-            "--max-num-seqs", "64", "--step-ms", "5", "--step-ms-per-seq", "0",
-            "--prefill-ms-per-token", "0",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://{HOST}:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            assert process.poll() is None, "the simulated backend exited"
-            assert time.monotonic() < deadline, "the simulated backend did not start"
-            time.sleep(0.05)
+    with mock_backend_process(
+        "--kv-cache-blocks", "384", "--max-num-seqs", "64", "--step-ms", "5",
+        "--step-ms-per-seq", "0", "--prefill-ms-per-token", "0",
+    ) as url:  # fmt: skip
         yield url
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def test_preemptions_at_the_backend_cut_the_gateways_limit(backend: str) -> None:
