@@ -26,7 +26,10 @@ measured, and then the figures are taken over ``--seconds``:
 step model on a virtual clock, the same gateway code (admission, routing, the providers),
 no processes and no HTTP. A configuration takes a fraction of a second, and the same
 seed gives the same figures: the loop to tune a provider's law in. ``--seed`` draws
-the arrivals (both modes).
+the arrivals (both modes). A simulated run also prints what ``adaptive`` reads, which a
+client cannot see: the no-load time to first token (limit 1), and for each
+configuration the medians of windows of ``WINDOW`` requests of the time from hand-over
+to first token (``ttfb_windows_p10_p50_p90_ms``).
 
 The best static limit is the swept value with the highest goodput; the targets (the
 capacity issue's): ``kv-pressure`` and ``adaptive``, untuned, within 10 % of its goodput,
@@ -59,6 +62,9 @@ STEP_MS = 20.0
 STEP_MS_PER_SEQ = 0.5
 PREFILL_MS_PER_TOKEN = 0.05
 QUEUE_TIMEOUT_S = 1.0
+WINDOW = 10
+"""Requests per window in the simulated runs' ``ttfb_windows`` column: ``adaptive``'s
+default window."""
 CHARS_PER_TOKEN = 4
 
 
@@ -125,6 +131,10 @@ class Run:
     ttft: list[float] = field(default_factory=list)
     seconds: float = 0.0
     preemptions: float = 0.0
+    ttfb: list[float] = field(default_factory=list)
+    """Simulated runs only: each completed request's time from its hand-over to the
+    backend to its first token, in the order the first tokens came: what ``adaptive``
+    samples."""
 
     def goodput(self, slo_s: float) -> float:
         return sum(1 for t in self.ttft if t <= slo_s) / self.seconds if self.seconds else 0.0
@@ -141,7 +151,19 @@ class Run:
             "preemptions": self.preemptions,
             "ttft_p50_ms": round(ttft[len(ttft) // 2] * 1000),
             "ttft_p99_ms": round(ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))] * 1000),
-        }
+        } | self._windows()
+
+    def _windows(self) -> dict[str, Any]:
+        """The medians of ``ttfb`` over windows of ``WINDOW`` requests (as ``adaptive``
+        takes them), their 10th, 50th and 90th percentiles in ms; nothing for a real run."""
+        medians = sorted(
+            statistics.median(self.ttfb[i : i + WINDOW])
+            for i in range(0, len(self.ttfb) - WINDOW + 1, WINDOW)
+        )
+        if not medians:
+            return {}
+        deciles = [medians[int(len(medians) * share)] for share in (0.1, 0.5, 0.9)]
+        return {"ttfb_windows_p10_p50_p90_ms": [round(x * 1000) for x in deciles]}
 
 
 async def _one(client: httpx.AsyncClient, url: str, prompt: str, run: Run | None) -> None:
@@ -279,6 +301,7 @@ def simulated(name: str, limit: int, providers: str, args: argparse.Namespace, r
     )
     result = simulate(plan)
     run = Run(name, limit, seconds=args.seconds, preemptions=float(result.preemptions))
+    handed = []
     for outcome in result.outcomes:
         if outcome.request.arrival_s < warmup_s:
             continue
@@ -286,9 +309,11 @@ def simulated(name: str, limit: int, providers: str, args: argparse.Namespace, r
         if sequence is None:
             run.shed += 1
         else:
-            assert sequence.first_token_at is not None
+            assert sequence.first_token_at is not None and outcome.handed_at is not None
             run.ok += 1
             run.ttft.append(sequence.first_token_at - outcome.arrived_at)
+            handed.append((sequence.first_token_at, sequence.first_token_at - outcome.handed_at))
+    run.ttfb = [ttfb for _, ttfb in sorted(handed)]
     return run
 
 
@@ -315,6 +340,13 @@ def main() -> None:
         f"{rate:.1f} req/s for {args.seconds} s; TTFT SLO {args.slo} s\n",
         flush=True,
     )
+    if args.simulated:
+        alone = simulated("limit 1", 1, "static", args, rate)
+        print(
+            f"# no-load time to first byte (limit 1, a request at a time): "
+            f"{statistics.median(alone.ttfb) * 1000:.0f} ms\n",
+            flush=True,
+        )
     runs: list[Run] = []
     for share in (float(x) for x in args.sweep.split(",")):
         limit = max(1, round(share * fits))
