@@ -7,6 +7,7 @@ installed plugins (providers, policies) are checked when a gateway assembles its
 ::
 
     fields.py      Settings: every setting once (type, default, parser, check, doc line)
+    admission.py   its first part: the settings of admission control
     declared.py    setting(), the field that carries all that; Declared, how it behaves
     parsers.py     OBLETH_* text into values
     checks.py      values checked and normalised; cluster.py, those of cluster mode

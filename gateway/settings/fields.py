@@ -2,8 +2,10 @@
 
 A setting's environment variable is ``OBLETH_`` + its name in upper case. Its doc line is
 Markdown, its row in docs/configuration.md, which ``python -m gateway.settings.doctable``
-writes from these declarations. Settings are listed in the order of that table; a check
-may read the settings declared before its own (``priority_header`` reads ``tenant_header``).
+writes from these declarations. Settings are listed in the order of that table, those of
+admission control first (``admission.py``), then cluster mode, routing, the proxy and
+operations here; a check may read the settings declared before its own
+(``priority_header`` reads ``tenant_header``).
 """
 
 from __future__ import annotations
@@ -12,152 +14,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.core.tickets import Priority
 from gateway.routing.upstreams import Upstream
 from gateway.settings import checks, cluster, parsers
-from gateway.settings.declared import Declared, setting, specs_of
+from gateway.settings.admission import AdmissionSettings
+from gateway.settings.declared import setting, specs_of
 
 
 @dataclass(frozen=True, kw_only=True)
-class Settings(Declared):
+class Settings(AdmissionSettings):
     """Everything a gateway is configured by; immutable once built.
 
     ``Settings(...)`` takes keyword arguments only; ``Settings.from_env()`` reads
     ``OBLETH_<NAME>`` for each field (lists comma-separated, weights as ``gold:4,free:1``).
     """
 
-    global_max_in_flight: int = setting(
-        64,
-        doc="The static limit on requests in flight (the `static` capacity provider's). "
-        "Whole number ≥ 1.",
-        parse=parsers.env_int,
-        check=checks.check_int(1),
-    )
-    capacity_providers: tuple[str, ...] = setting(
-        ("static",),
-        doc="Capacity providers by name, comma-separated in the environment. The effective "
-        "limit is the minimum of them all.",
-        parse=parsers.env_list,
-        check=checks.check_providers,
-    )
-    overflow_policy: str = setting(
-        "block",
-        doc="What happens when no seat is free: `block` (wait; when the queue is full, wait "
-        "for room), `drop-newest` (wait while the queue has room, else 503 `queue_full`), "
-        "`drop-oldest` (evict the oldest waiter of the heaviest tenant when full), `reject` "
-        "(503 `over_capacity` at once; nothing waits), or a plugin's policy. See "
-        "[overflow policies](#overflow-policies).",
-        parse=parsers.env_text,
-        check=checks.check_name,
-    )
-    max_queue: int = setting(
-        1024,
-        doc="How many requests may wait in the fair queue at once; when it is full, the "
-        "overflow policy says what happens. Whole number ≥ 0.",
-        parse=parsers.env_int,
-        check=checks.check_int(0),
-    )
-    queue_timeout_s: float = setting(
-        30.0,
-        doc="How long a request may wait for a seat before it is answered `503 queue_timeout`.",
-        parse=parsers.env_float,
-        check=checks.check_seconds,
-    )
-    tenant_header: str | None = setting(
-        None,
-        doc="Request header naming the tenant (read as UTF-8; a value that is no UTF-8, as "
-        "Latin-1). Without it, the tenant is derived from the API key.",
-        parse=parsers.env_optional_text,
-        check=checks.check_header,
-    )
-    tenant_weights: Mapping[str, float] = setting(
-        {},
-        doc='Fair-share weights, `gold:4,free:1` in the environment, `{"gold": 4, "free": 1}` '
-        "in code; finite numbers above 0. Tenants not listed weigh `default_tenant_weight`.",
-        parse=parsers.env_weights,
-        check=checks.check_weights,
-    )
-    default_tenant_weight: float = setting(
-        1.0,
-        doc="Weight of every tenant not listed in `tenant_weights`; a finite number above 0.",
-        parse=parsers.env_weight,
-        check=checks.check_weight,
-    )
-    tenant_max_in_flight: int | Mapping[str, int] | None = setting(
-        None,
-        doc="A per-tenant cap: one number for every tenant, or `free:4,*:16` (`*` for the "
-        'rest; `{"free": 4, "*": 16}` in code). It counts a tenant\'s running and waiting '
-        "requests; over it, `429 tenant_limit`.",
-        parse=parsers.env_caps,
-        check=checks.check_caps,
-    )
-    default_tenant: str = setting(
-        "anonymous",
-        doc="Tenant of requests that carry neither the tenant header nor an API key.",
-        parse=parsers.env_text,
-        check=checks.check_name,
-    )
-    priority_header: str = setting(
-        "x-priority",
-        doc="Request header carrying `critical`, `standard` or `background`; a header of its "
-        "own, not `tenant_header` nor one the API key is read from.",
-        parse=parsers.env_text,
-        check=checks.check_priority_header,
-    )
-    trust_priority_header: bool = setting(
-        False,
-        doc="Whether to read `priority_header` at all. Off by default: any client could claim "
-        "`critical`. Turn it on when a trusted proxy sets the header.",
-        parse=parsers.env_bool,
-        check=checks.check_bool,
-    )
-    # setting() returns a dataclasses.Field, as field() does: nothing is shared between
-    # instances (ruff cannot tell from an alias such as Priority that the type is immutable)
-    default_priority: Priority = setting(
-        "standard",
-        doc="Priority of requests that do not (or may not) state one.",
-        parse=parsers.env_text,
-        check=checks.check_priority,
-    )
-    max_body_bytes: int = setting(
-        8 * 1024 * 1024,
-        doc="Largest JSON request body read for classification; a larger one gets `413`. "
-        "Other bodies stream to the app; of a request waiting in the queue, at most 64 KiB "
-        "(or `max_body_bytes`, if lower) is taken off the connection meanwhile and kept for "
-        "the app.",
-        parse=parsers.env_int,
-        check=checks.check_int(1),
-    )
-    exempt_paths: tuple[str, ...] = setting(
-        (
-            "/healthz",
-            "/readyz",
-            "/metrics",
-            "/api/v1/capacity",
-            "/api/v1/status",
-            "/api/v1/openapi.json",
-            "/dashboard",
-        ),
-        doc="Paths that are never admission-controlled, exactly or as a prefix followed by "
-        "`/`: the probes, metrics, the admin API and its dashboard, which operators need "
-        "during overload. "
-        "A path with a `.` or `..` segment (`/healthz/../v1/completions`) never counts.",
-        parse=parsers.env_list,
-        check=checks.check_paths,
-    )
-    retry_after_s: float = setting(
-        1.0,
-        doc="What `Retry-After` tells rejected clients (rounded up to whole seconds).",
-        parse=parsers.env_float,
-        check=checks.check_seconds,
-    )
-    disable_plugins: tuple[str, ...] = setting(
-        (),
-        doc="Plugins not to load, by entry-point or built-in name, such as a broken "
-        "third-party one (see [plugins.md](plugins.md)).",
-        parse=parsers.env_list,
-        check=checks.check_names,
-    )
     redis_url: str | None = setting(
         None,
         doc="Cluster mode: every pod with the same Redis and `pool` shares one budget, one "
@@ -409,14 +279,6 @@ class Settings(Declared):
         parse=parsers.env_int,
         check=checks.check_int(1),
     )
-
-    def tenant_caps(self) -> tuple[dict[str, int], int | None]:
-        """``tenant_max_in_flight`` split into the named tenants' caps and everyone else's."""
-        caps = self.tenant_max_in_flight
-        if caps is None or isinstance(caps, int):
-            return {}, caps
-        named = dict(caps)
-        return named, named.pop("*", None)
 
 
 def setting_names() -> tuple[str, ...]:
