@@ -4,7 +4,8 @@ Seats are leases in Redis (see ``step.lua``); this pod keeps a table of the leas
 holds and the waiters it has queued (``PodState``), and four roles share it:
 
 - ``Caller`` (calls.py): one coalescing caller, so a lone request waits for nothing and
-  a busy pod pays one round trip for many requests;
+  a busy pod pays one round trip for many requests; its ``Replies`` (replies.py) apply
+  each answer to the pod;
 - ``Leases`` (leases.py): grants as they reach the pod, and the heartbeat (every third of
   the lease TTL, with jitter) that renews the pod's leases, writes back the ones Redis
   forgot, and picks up grants whose message was lost;

@@ -4,8 +4,8 @@ While one call is in flight, everything else the pod has to say (acquires, relea
 cancels, the heartbeat, a new limit) gathers into the next ``Batch``, so a lone request
 waits for nothing and a busy pod pays one round trip for many requests. A call that
 fails is retried with backoff within ``redis_retry_budget_s``; past it, the failure mode
-takes over (``FailureMode.degrade``). Each reply updates what the pod knows of the pool
-and settles the waiters it speaks of.
+takes over (``FailureMode.degrade``). Each reply goes to ``Replies`` (``replies.py``),
+which updates what the pod knows of the pool and settles the waiters it speaks of.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from tenacity import (
 )
 
 from gateway.backends.redis.keys import escape_tenant
-from gateway.backends.redis.pod import PodState, fail, reason_of
+from gateway.backends.redis.pod import PodState
+from gateway.backends.redis.replies import Replies
 from gateway.backends.redis.script import StepScript
 from gateway.backends.redis.wire import (
     DEADLINE,
@@ -34,7 +35,6 @@ from gateway.backends.redis.wire import (
     Batch,
     Header,
     LateCall,
-    Note,
     StepReply,
     encode,
 )
@@ -78,13 +78,13 @@ def call_timeout_s(settings: Settings) -> float:
 
 
 class Caller:
-    """Sends ``pod.batch`` to Redis, one call at a time, and applies each reply.
+    """Sends ``pod.batch`` to Redis, one call at a time, and has ``replies`` apply each
+    reply.
 
     ``attach`` gives it the roles a reply speaks to (grants go to the leases, a call that
     cannot reach Redis to the failure mode); both also call back into the caller.
     """
 
-    _leases: Leases
     _failure: FailureMode
 
     def __init__(self, pod: PodState, script: StepScript) -> None:
@@ -103,15 +103,12 @@ class Caller:
         #: the task sending calls while there is something to say; None when idle
         self.flusher: asyncio.Task[None] | None = None
 
-        # what this pod knows of the pool, for roll calls (see step.lua)
-        self._roster: dict[str, int] = {}  # live pods → liveness (Redis ms)
-        self._mver = -1
         self._roll_wake: asyncio.TimerHandle | None = None
-        self._epoch: str | None = None
-        self._seq = 0
+        #: applies each reply; what this pod knows of the pool is kept there
+        self.replies = Replies(pod, self, ttl_ms=self._ttl_ms)
 
     def attach(self, leases: Leases, failure: FailureMode) -> None:
-        self._leases = leases
+        self.replies.attach(leases)
         self._failure = failure
 
     # -- gathering and kicking ------------------------------------------------------------
@@ -191,7 +188,7 @@ class Caller:
             self.requeue(batch, stranded)
             self._failure.degrade(exc, stranded)
             return
-        self.apply(batch, ops, reply)
+        self.replies.apply(batch, ops, reply)
 
     async def call(self, args: list[Any], *, retry: bool) -> StepReply:
         """One call; on a connection error or an error reply (``FAILED``), retries with
@@ -255,8 +252,8 @@ class Caller:
             channel_prefix=pod.keys.channel_prefix,
             init_ceiling=pod.capacity.ceiling(),
             max_queue=pod.settings.max_queue,
-            mver=self._mver,
-            seen=None if self._epoch is None else (self._epoch, self._seq),
+            mver=self.replies.mver,
+            seen=self.replies.seen,
             # a failover or a restart shows as another run_id: looked at on heartbeats, on
             # a new connection, and (in call) on every retry
             probe=batch.heartbeat or batch.recover or self._script.may_have_moved(),
@@ -270,7 +267,7 @@ class Caller:
             return [], [], {}
         pod = self._pod
         leases = [(lid, escape_tenant(t.tenant), t.seats) for lid, t in pod.held.items()]
-        roster = {other: alive for other, alive in self._roster.items() if other != pod.id}
+        roster = {other: alive for other, alive in self.replies.roster.items() if other != pod.id}
         # a grant being confirmed is reported like a waiter: if its lease holds, the
         # heartbeat renews it and reports it missed, which runs it
         return leases, sorted(pod.confirmed | pod.confirming), roster
@@ -291,119 +288,6 @@ class Caller:
         later.reassert = later.reassert or batch.reassert
         later.leave = later.leave or batch.leave
         later.checked = later.checked or batch.checked
-
-    # -- applying replies -----------------------------------------------------------------
-
-    def apply(
-        self, batch: Batch, ops: list[SentAcquire], reply: StepReply, *, recovering: bool = False
-    ) -> None:
-        pod = self._pod
-        new_epoch = self._epoch is not None and reply.epoch != self._epoch
-        if self._epoch is None or new_epoch:
-            self._seq = 0
-        self._epoch = reply.epoch
-        self._seq = max(self._seq, reply.seq)
-        pod.seen_limit = reply.limit
-        if new_epoch:
-            pod.capacity.forget()
-        if reply.capacity is not None:
-            # a ceiling of this pod's still on its way is newer than the one in this reply
-            pod.capacity.hear(
-                reply.capacity, reply.cver, ceiling_pending=pod.batch.ceiling is not None
-            )
-        pod.inflight = reply.inflight
-        pod.queued = reply.queued
-        pod.live_pods = max(1, reply.live_pods)
-        pod.learning_ms = reply.learning_ms
-        pod.reasserted += reply.reasserted
-        if reply.roster is not None and reply.asserted:
-            # kept until this pod has answered the roll call: after a loss Redis knows
-            # fewer pods than this roster does, and the roll call needs them all
-            self._roster = reply.roster
-            self._mver = reply.mver
-        if not reply.asserted:
-            # a roll call is open (or this pod came back after its liveness passed): Redis
-            # grants it nothing until it has re-asserted what it holds
-            pod.batch.heartbeat = True
-            pod.batch.reassert = True
-        if reply.reasserted and not recovering:
-            log.warning(
-                "pod %s re-asserted %d lease(s) Redis no longer had (Redis lost state, or this "
-                "pod was paused or cut off for longer than lease_ttl_s=%s)",
-                pod.id,
-                reply.reasserted,
-                pod.settings.lease_ttl_s,
-            )
-
-        leases = self._leases
-        # waiters Redis knew before this call: after a new epoch it has forgotten them
-        known_before = sorted(pod.confirmed) if new_epoch else []
-        # the lease of a grant made (or renewed) by this call; read in time, as replies
-        # nearly always are, it needs no check of its own
-        granted_until: int | None = reply.now_ms + self._ttl_ms
-        if pod.clock.outlives(reply.now_ms + self._ttl_ms, pod.interval_ms):
-            granted_until = None
-        for entry, answer in zip(ops, reply.answers, strict=True):
-            self._settle(entry, answer, granted_until)
-        for waiter_id, answer in zip(batch.confirms, reply.confirmed, strict=True):
-            leases.on_confirmation(waiter_id, answer == "y")
-        for note in reply.notes:
-            leases.on_note(note)
-        for waiter_id in reply.missed:
-            pod.notes_received["missed"] += 1  # found by the heartbeat, not by a message
-            leases.on_note(Note(waiter_id, expires=granted_until))  # the heartbeat renewed it
-
-        if new_epoch:
-            log.warning(
-                "%s (new epoch %s): re-asserting %d lease(s) and %d waiter(s)",
-                _EPOCH_CAUSES.get(reply.new_epoch, _EPOCH_CAUSES[""]).format(
-                    pool=pod.settings.pool
-                ),
-                reply.epoch,
-                len(pod.held),
-                len(pod.confirmed),
-            )
-            pod.batch.config = pod.config
-            pod.batch.heartbeat = True
-            pod.batch.checked = True
-            for waiter_id in known_before:
-                pending = pod.waiting.get(waiter_id)
-                if pending is not None:
-                    pod.confirmed.discard(waiter_id)
-                    self.send_acquire(pending, "requeue", None)
-        else:
-            for waiter_id in reply.lost:
-                if waiter_id in pod.confirmed:
-                    leases.queue_again(waiter_id)
-        if reply.learning_ms and pod.waiting:
-            self.call_back_in(reply.learning_ms / 1000)
-        if pod.batch:
-            self.kick()
-
-    def _settle(self, entry: SentAcquire, answer: str, granted_until: int | None) -> None:
-        """Apply Redis' answer to one acquire, then wake its caller."""
-        pod = self._pod
-        waiter_id = entry.op.id
-        pending = entry.pending
-        if answer == "g":
-            self._leases.on_note(Note(waiter_id, expires=granted_until))
-        elif answer == "q":
-            if waiter_id in pod.waiting:
-                pod.confirmed.add(waiter_id)
-        else:
-            if pod.waiting.pop(waiter_id, None) is not None:
-                fail(pending, pod.reject(reason_of(answer)))
-        if entry.answered is not None and not entry.answered.done():
-            entry.answered.set_result(None)
-
-
-#: What a pod logs when it finds a new epoch, by the cause the call gave.
-_EPOCH_CAUSES = {
-    "lost": "Redis lost pool {pool!r} (a restart without persistence, FLUSHALL, eviction)",
-    "seq": "Redis pool {pool!r} went back in time: a failover lost writes",
-    "runid": "Redis pool {pool!r} is served by another Redis server (a failover or a restart)",
-    "": "Redis pool {pool!r} started a new epoch (another pod found it lost or rolled back)",
-}
 
 
 def _failure(exc: BaseException) -> str:

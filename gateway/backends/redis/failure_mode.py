@@ -139,7 +139,7 @@ class FailureMode:
             return
         # the reply is applied while the failure mode still holds its waiters: a grant it
         # carries for one of them is for a waiter this very call cancelled (see on_note)
-        caller.apply(batch, [], reply, recovering=True)
+        caller.replies.apply(batch, [], reply, recovering=True)
         pod.fallback = None
         pod.degraded_since = None
         pod.capacity.set_degraded(False)
