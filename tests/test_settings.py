@@ -8,7 +8,9 @@ import pytest
 
 from gateway import ConfigError, Gateway, GatewayMiddleware, Settings
 from gateway.settings import setting_names
+from gateway.settings.declared import specs_of
 from gateway.settings.environ import plugin_prefixes
+from gateway.settings.parsers import READS_BLANK
 
 
 def test_defaults_are_usable() -> None:
@@ -113,6 +115,35 @@ def test_every_setting_has_an_environment_variable() -> None:
             "OBLETH_LEASE_TTL_S=1.0",
             "OBLETH_REDIS_RETRY_BUDGET_S=1 s",
         ),
+        # a conflict with a default the user never wrote blames what the user wrote
+        (
+            {"OBLETH_REDIS_RETRY_BUDGET_S": "10"},
+            "OBLETH_REDIS_RETRY_BUDGET_S=10.0",
+            "expected at most 6.67 s",
+        ),
+        (
+            {"OBLETH_TENANT_HEADER": "x-priority"},
+            "OBLETH_TENANT_HEADER='x-priority'",
+            "choose another tenant header, e.g. x-tenant",
+        ),
+        (
+            {"OBLETH_TENANT_HEADER": "x-team", "OBLETH_PRIORITY_HEADER": "x-team"},
+            "OBLETH_PRIORITY_HEADER='x-team'",
+            "already names the tenant; choose a header of its own, e.g. x-priority",
+        ),
+        # counts go to Redis' scripts, whose numbers turn to exponents from 10^14 on
+        (
+            {"OBLETH_GLOBAL_MAX_IN_FLIGHT": "100000000000000"},
+            "OBLETH_GLOBAL_MAX_IN_FLIGHT=100000000000000",
+            "at most 1000000000",
+        ),
+        ({"OBLETH_MAX_QUEUE": "1000000001"}, "OBLETH_MAX_QUEUE=", "at most 1000000000"),
+        (
+            {"OBLETH_REDIS_URL": "redis://:secret@h:6379/0?db=x"},
+            "OBLETH_REDIS_URL='redis://:***@h:6379/0?db=x'",
+            "Invalid value for 'db'",
+        ),
+        ({"OBLETH_REDIS_URL": "redis+cluster://"}, "OBLETH_REDIS_URL=", "at least one host"),
     ],
 )
 def test_bad_environment_names_the_variable_value_and_fix(
@@ -123,6 +154,21 @@ def test_bad_environment_names_the_variable_value_and_fix(
         Settings.from_env(env)
     assert str(caught.value).startswith(named)
     assert hint in str(caught.value)
+
+
+def test_a_blank_variable_is_unset() -> None:
+    """``OBLETH_X=`` (a deployment template's value left out) keeps the default: a blank
+    ``OBLETH_EXEMPT_PATHS`` must not take the probes' exemption away, nor a blank number
+    stop startup; only the settings whose doc gives empty a meaning read it (no limit)."""
+    blank = {
+        spec.env: "  " for spec in specs_of(Settings).values() if spec.parse not in READS_BLANK
+    }
+    assert "OBLETH_EXEMPT_PATHS" in blank
+    assert Settings.from_env(blank) == Settings()
+    assert Settings.from_env(blank).env_names == frozenset()
+    timeouts = Settings.from_env({"OBLETH_UPSTREAM_READ_TIMEOUT_S": ""})
+    assert Settings().upstream_read_timeout_s == 300
+    assert timeouts.upstream_read_timeout_s is None
 
 
 def test_an_installed_plugins_own_variables_are_left_to_it() -> None:

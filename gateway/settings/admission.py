@@ -24,9 +24,9 @@ class AdmissionSettings(Declared):
     global_max_in_flight: int = setting(
         64,
         doc="The static limit on requests in flight (the `static` capacity provider's). "
-        "Whole number ≥ 1.",
+        "Whole number from 1 to 10^9.",
         parse=parsers.env_int,
-        check=checks.check_int(1),
+        check=checks.check_int(1, checks.MAX_COUNT),
     )
     capacity_providers: tuple[str, ...] = setting(
         ("static",),
@@ -48,9 +48,9 @@ class AdmissionSettings(Declared):
     max_queue: int = setting(
         1024,
         doc="How many requests may wait in the fair queue at once; when it is full, the "
-        "overflow policy says what happens. Whole number ≥ 0.",
+        "overflow policy says what happens. Whole number from 0 to 10^9.",
         parse=parsers.env_int,
-        check=checks.check_int(0),
+        check=checks.check_int(0, checks.MAX_COUNT),
     )
     queue_timeout_s: float = setting(
         30.0,

@@ -33,10 +33,17 @@ if TYPE_CHECKING:
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9a-z]+$")
 
 
-def check_int(minimum: int) -> Callable[[Settings, str, Any], int]:
+#: The largest limit, queue bound or cap: Redis' scripts hold counts as Lua numbers,
+#: which are written in exponent notation from 10^14 on; no fleet comes near this.
+MAX_COUNT = 10**9
+
+
+def check_int(minimum: int, maximum: int | None = None) -> Callable[[Settings, str, Any], int]:
     def check(settings: Settings, name: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise settings.error(name, value, f"expected a whole number of at least {minimum}")
+        if maximum is not None and value > maximum:
+            raise settings.error(name, value, f"expected a whole number of at most {maximum}")
         return value
 
     return check
@@ -131,10 +138,12 @@ def check_weight(settings: Settings, name: str, value: Any) -> float:
 
 def check_caps(settings: Settings, name: str, value: Any) -> int | Mapping[str, int] | None:
     expected = (
-        "expected a whole number of at least 1, or caps of at least 1 by tenant: "
+        f"expected a whole number of at least 1 and at most {MAX_COUNT}, or such caps by tenant: "
         "{'free': 4, '*': 16}, or free:4,*:16 in the environment"
     )
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+    if value is None or (
+        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_COUNT
+    ):
         return value
     if not isinstance(value, Mapping):
         raise settings.error(name, value, expected)
@@ -143,7 +152,7 @@ def check_caps(settings: Settings, name: str, value: Any) -> int | Mapping[str, 
     except WeightSyntaxError as exc:
         raise settings.error(name, dict(value), f"{exc}; {expected}") from None
     for tenant, cap in caps.items():
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_COUNT:
             raise settings.error(name, dict(value), f"{tenant}: cap {cap!r}; {expected}")
     return MappingProxyType(caps)
 
@@ -160,11 +169,19 @@ API_KEY_HEADERS = ("authorization", "x-api-key", "api-key")
 
 def check_priority_header(settings: Settings, name: str, value: Any) -> str:
     header = check_required_header(settings, name, value)
+    if header == settings.tenant_header and not settings.chose(name):
+        raise settings.error(
+            "tenant_header",
+            settings.tenant_header,
+            f"{header!r} is the priority header (priority_header's default); choose another "
+            "tenant header, e.g. x-tenant, or set priority_header to a header of its own",
+        )
     if header == settings.tenant_header or header in API_KEY_HEADERS:
+        other = "x-priority" if header != "x-priority" else "x-request-priority"
         raise settings.error(
             name,
             value,
-            f"{header!r} already names the tenant; choose a header of its own, e.g. x-priority",
+            f"{header!r} already names the tenant; choose a header of its own, e.g. {other}",
         )
     return header
 

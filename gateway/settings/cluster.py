@@ -10,6 +10,8 @@ import re
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
+import redis.connection
+
 from gateway.core.numbers import finite
 from gateway.settings.checks import check_seconds
 
@@ -35,6 +37,14 @@ def check_retry_budget(settings: Settings, name: str, value: Any) -> float:
     retrying a silent Redis for the budget must not have lost its leases meanwhile."""
     budget = check_seconds(settings, name, value)
     ttl = settings.lease_ttl_s
+    if ttl < 1.5 * budget and not settings.chose("lease_ttl_s"):
+        raise settings.error(
+            name,
+            value,
+            f"a pod retrying Redis this long would lose its leases meanwhile (lease_ttl_s is "
+            f"{ttl:g} s); expected at most {ttl / 1.5:.3g} s (a TTL of 1.5 x the budget at "
+            "least), or a longer lease_ttl_s",
+        )
     if ttl < 1.5 * budget:
         raise settings.error(
             "lease_ttl_s",
@@ -71,10 +81,17 @@ def check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
         raise settings.error(
             name, value, f"unknown scheme {scheme!r}; expected one of {', '.join(_REDIS_SCHEMES)}"
         )
-    if scheme not in ("redis", "rediss"):
-        return value.strip()  # checked where sentinel and cluster URLs, several hosts, are parsed
     url = urllib.parse.urlsplit(value.strip())
     shown = _without_password(url)
+    if scheme.endswith(("+sentinel", "+cluster")):
+        # parsed where the client is built (connect.py), several hosts and all
+        if not any(part.strip() for part in url.netloc.rsplit("@", 1)[-1].split(",")):
+            raise settings.error(
+                name, shown, f"expected at least one host: {scheme}://host:port,host:port/..."
+            )
+        return value.strip()
+    if scheme == "unix":
+        return _with_options(settings, name, value.strip(), shown)
     try:
         port = url.port
     except ValueError:
@@ -86,7 +103,19 @@ def check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
     database = url.path.strip("/")
     if database and not database.isdigit():
         raise settings.error(name, shown, "the path must be a database number, such as /0")
-    return value.strip()
+    return _with_options(settings, name, value.strip(), shown)
+
+
+def _with_options(settings: Settings, name: str, value: str, shown: str) -> str:
+    """``value``, once redis-py has read the options of its query (``db=``,
+    ``socket_timeout=``, ...) as it will when it connects."""
+    try:
+        redis.connection.parse_url(value)  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise settings.error(
+            name, shown, f"{str(exc).rstrip('.')}; expected a URL like redis://redis:6379/0"
+        ) from None
+    return value
 
 
 def shown_url(url: str) -> str:

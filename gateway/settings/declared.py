@@ -155,6 +155,12 @@ class Declared:
         """The setting as the user wrote it: the environment variable or the keyword."""
         return ENV_PREFIX + name.upper() if name in self.env_names else name
 
+    def chose(self, name: str) -> bool:
+        """Whether the user set ``name``: read from the environment, or given a value other
+        than its default. A check that finds two settings in conflict blames the one the
+        user chose (a default the user never wrote is not where to look)."""
+        return name in self.env_names or getattr(self, name) != specs_of(type(self))[name].default
+
     def error(self, name: str, value: object, expected: str) -> ConfigError:
         """The error for setting ``name`` given ``value``, naming it as the user wrote it."""
         return ConfigError(self.label(name), value, expected)

@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import ConfigError
+from gateway.settings.parsers import READS_BLANK
 
 if TYPE_CHECKING:
     from gateway.settings.declared import Spec
@@ -19,7 +20,12 @@ def read_environ(environ: Mapping[str, str], specs: Mapping[str, Spec]) -> dict[
     """The ``OBLETH_*`` variables of ``environ``, each read by its setting's parser, by
     setting name. Other variables are left alone; so are those of an installed plugin's
     own namespace (``plugin_prefixes``). Any other ``OBLETH_*`` variable that is no
-    setting is an error (a typo must not silently leave a limit unset)."""
+    setting is an error (a typo must not silently leave a limit unset).
+
+    A blank variable (empty, or spaces) is unset: the setting keeps its default, as
+    deployment tools write ``OBLETH_X=`` for a value left out. Only a parser that gives
+    blank a meaning of its own (``parsers.READS_BLANK``: None, such as "no time limit")
+    reads it."""
     values: dict[str, Any] = {}
     owned: tuple[str, ...] | None = None
     for key, text in environ.items():
@@ -32,7 +38,8 @@ def read_environ(environ: Mapping[str, str], specs: Mapping[str, Spec]) -> dict[
             if key.startswith(owned):
                 continue  # the plugin's own setting: the plugin reads it
             raise unknown_setting(key, text, [known.env for known in specs.values()])
-        values[spec.name] = spec.parse(key, text)
+        if text.strip() or spec.parse in READS_BLANK:
+            values[spec.name] = spec.parse(key, text)
     return values
 
 

@@ -4,7 +4,9 @@ Obleth leaves the variables under a plugin's name to the plugin (see
 ``gateway.settings.environ``); this is how a plugin reads them with the same rules and
 errors as Obleth's own settings: a blank variable counts as unset, and a value out of
 bounds is a ``ConfigError`` naming the variable, what it expects and an example, raised
-from the plugin's factory so that startup stops on it.
+from the plugin's factory so that startup stops on it; and, once the plugin has read
+its knobs (``done``), a variable under its name that it did not read is a typo, an error
+that suggests the closest name.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Mapping
 from typing import overload
 
 from gateway.errors import ConfigError
+from gateway.settings.environ import plugin_prefixes, unknown_setting
 
 
 class PluginKnobs:
@@ -23,9 +26,12 @@ class PluginKnobs:
     def __init__(self, environ: Mapping[str, str], prefix: str) -> None:
         self._environ = environ
         self.prefix = prefix
+        #: the names asked for so far (``done`` reports any other variable as a typo)
+        self._asked: set[str] = set()
 
     def raw(self, name: str) -> str | None:
         """The variable's text; None when it is unset or blank."""
+        self._asked.add(name)
         raw = self._environ.get(self.prefix + name)
         return None if raw is None or not raw.strip() else raw
 
@@ -76,6 +82,20 @@ class PluginKnobs:
                 expected = " ".join(["a number", " and ".join(bounds)]).strip()
             raise self.error(name, raw, f"expected {expected}, e.g. {default:g}")
         return value
+
+    def done(self) -> None:
+        """Call once every knob is read: a variable under the prefix that was never asked
+        for (``OBLETH_KV_PRESSURE_HIHG``) is a ``ConfigError`` suggesting the closest
+        name, as a typo in Obleth's own variables is. Variables of another installed
+        plugin whose name extends this one's (``OBLETH_KV_`` and ``OBLETH_KV_PRESSURE_``)
+        are that plugin's."""
+        prefix = self.prefix
+        others = tuple(p for p in plugin_prefixes() if p != prefix and p.startswith(prefix))
+        known = sorted(prefix + name for name in self._asked)
+        for key, value in self._environ.items():
+            ours = key.startswith(prefix) and not key.startswith(others)
+            if ours and key[len(prefix) :] not in self._asked:
+                raise unknown_setting(key, value, known)
 
     def error(self, name: str, value: object, expected: str) -> ConfigError:
         """The error for variable ``NAME``: a plugin's own cross-checks use it too."""

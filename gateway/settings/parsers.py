@@ -106,6 +106,11 @@ def env_caps(key: str, text: str) -> int | dict[str, int] | None:
         raise ConfigError(key, text, f"{exc}; {CAPS_EXPECTED}") from None
 
 
+#: The parsers for which a blank variable means something (None: no limit, no header,
+#: no cap); for every other setting a blank variable is unset (see ``read_environ``).
+READS_BLANK = frozenset({env_optional_int, env_optional_float, env_optional_text, env_caps})
+
+
 def _parse_cap(name: str, text: str) -> int:
     """A cap as written in the environment; whether it is at least 1 is ``check_caps``'s
     to say, for keywords and variables alike."""

@@ -108,7 +108,7 @@ def test_bad_routing_scorers_are_refused_naming_the_setting(value: Any, complain
         ("queue-depth:0", "greater than 0"),
         ("queue-depth:-1", "greater than 0"),
         ("queue-depth", "no ':weight'"),
-        ("", "no scorer given"),
+        (" , ", "no scorer given"),  # a blank variable is unset: the default scorers
     ],
 )
 def test_bad_obleth_routing_scorers_names_the_variable(text: str, complaint: str) -> None:

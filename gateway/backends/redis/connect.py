@@ -16,6 +16,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
 from gateway.errors import ConfigError
+from gateway.settings import shown_url
 
 Client = aioredis.Redis | RedisCluster
 
@@ -66,13 +67,15 @@ def _hosts(url: str, setting: str) -> list[tuple[str, int]]:
         if not host:
             host, port = port, "6379"
         try:
+            if not host:
+                raise ValueError(part)
             hosts.append((host.strip("[]"), int(port)))
         except ValueError:
             raise ConfigError(
-                setting, url, f"{part!r} is not host:port; list nodes as host:port,host:port"
+                setting,
+                shown_url(url),
+                f"{part!r} is not host:port; list nodes as host:port,host:port",
             ) from None
-    if not hosts:
-        raise ConfigError(setting, url, "expected at least one host:port")
     return hosts
 
 
@@ -91,10 +94,12 @@ def _sentinel_path(url: str, setting: str) -> tuple[str, int]:
     parts = [p for p in urlsplit(url).path.split("/") if p]
     if not parts:
         raise ConfigError(
-            setting, url, "name the Sentinel service: redis+sentinel://host:26379/mymaster/0"
+            setting,
+            shown_url(url),
+            "name the Sentinel service: redis+sentinel://host:26379/mymaster/0",
         )
     db = parts[1] if len(parts) > 1 else parse_qs(urlsplit(url).query).get("db", ["0"])[0]
     try:
         return parts[0], int(db)
     except ValueError:
-        raise ConfigError(setting, url, f"database {db!r} is not a number") from None
+        raise ConfigError(setting, shown_url(url), f"database {db!r} is not a number") from None
