@@ -46,3 +46,24 @@ def test_a_number_out_of_bounds_says_what_it_expects_with_an_example(text: str) 
         knobs(RATIO=text).number(
             "RATIO", 0.5, least=0.0, most=1.0, expected="a fraction from 0 to 1"
         )
+
+
+def test_done_reports_a_variable_never_asked_for_with_the_closest_name() -> None:
+    env = knobs(SIZE="12", SIEZ="4")
+    env.whole("SIZE", 8, least=1)
+    env.raw("RATIO")
+    with pytest.raises(ConfigError) as caught:
+        env.done()
+    assert caught.value.setting == "OBLETH_MINE_SIEZ"
+    assert "did you mean OBLETH_MINE_SIZE?" in str(caught.value)
+    assert "known: OBLETH_MINE_RATIO, OBLETH_MINE_SIZE" in str(caught.value)
+
+
+def test_done_accepts_every_variable_read_and_those_of_other_namespaces() -> None:
+    """Variables asked for (set or blank), other plugins' and Obleth's own are not typos,
+    nor those of an installed plugin whose name extends this one's (``kv`` and
+    ``kv-pressure``: the README's test command installs the latter)."""
+    environ = {"OBLETH_KV_PRESSURE_HIGH": "0.9", "OBLETH_KV_SIZE": " ", "OBLETH_MAX_QUEUE": "3"}
+    env = PluginKnobs(environ, "OBLETH_KV_")
+    assert env.whole("SIZE", 8, least=1) == 8
+    env.done()

@@ -203,6 +203,14 @@ def test_a_clock_passed_in_is_kept_when_the_readings_come() -> None:
     assert provider.law.probe_deadline == pytest.approx(own.now + 10.0)
 
 
+def test_a_misspelt_knob_is_an_error_naming_the_right_one() -> None:
+    with pytest.raises(ConfigError) as caught:
+        plugin.knobs_from({"OBLETH_ADAPTIVE_TOLERENCE": "3"})
+    assert str(caught.value).startswith(
+        "OBLETH_ADAPTIVE_TOLERENCE='3': no such setting; did you mean OBLETH_ADAPTIVE_TOLERANCE?"
+    )
+
+
 def test_knobs_come_from_the_environment() -> None:
     """Each `OBLETH_ADAPTIVE_*` variable sets its knob; unset or blank ones keep defaults."""
     knobs = plugin.knobs_from(

@@ -85,6 +85,16 @@ def test_room_with_the_limit_in_use_grows_it_up_to_the_ceiling() -> None:
     assert provider.max_in_flight() == 32
 
 
+def test_a_misspelt_knob_is_an_error_naming_the_right_one() -> None:
+    """``OBLETH_KV_PRESSURE_HIHG`` must not leave the high-water mark at its default
+    unnoticed: Obleth leaves the plugin's namespace to the plugin, which reports it."""
+    with pytest.raises(ConfigError) as caught:
+        knobs_from({"OBLETH_KV_PRESSURE_HIHG": "0.5", "OBLETH_KV_PRESSURE_FLOOR": "2"})
+    assert str(caught.value).startswith(
+        "OBLETH_KV_PRESSURE_HIHG='0.5': no such setting; did you mean OBLETH_KV_PRESSURE_HIGH?"
+    )
+
+
 def test_knobs_come_from_the_environment_and_bad_ones_are_named() -> None:
     knobs, initial = knobs_from(
         {"OBLETH_KV_PRESSURE_HIGH": "0.95", "OBLETH_KV_PRESSURE_INITIAL": "12"}

@@ -32,7 +32,7 @@ def knobs_from(environ: Mapping[str, str]) -> Knobs:
                 f"must not be above {PREFIX}TOLERANCE ({tolerance:g}): the limit would shrink "
                 "and grow on the same first bytes; lower it, or raise the tolerance",
             )
-    return Knobs(
+    knobs = Knobs(
         floor=floor,
         initial=initial,
         tolerance=tolerance,
@@ -44,6 +44,8 @@ def knobs_from(environ: Mapping[str, str]) -> Knobs:
         probe_samples=env.whole("PROBE_SAMPLES", defaults.probe_samples, least=1),
         probe_timeout_s=env.number("PROBE_TIMEOUT_S", defaults.probe_timeout_s, above=0.0),
     )
+    env.done()
+    return knobs
 
 
 def build(settings: Settings) -> AdaptiveLimit:

@@ -37,7 +37,9 @@ def knobs_from(environ: Mapping[str, str]) -> tuple[Knobs, int | None]:
         floor=env.whole("FLOOR", defaults.floor, least=1),
         use=fraction("USE", defaults.use),
     )
-    return knobs, env.whole("INITIAL", None, least=knobs.floor)
+    initial = env.whole("INITIAL", None, least=knobs.floor)
+    env.done()
+    return knobs, initial
 
 
 def build(settings: Settings) -> KvPressureLimit:
