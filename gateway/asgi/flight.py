@@ -98,7 +98,13 @@ class Flight:
                 self.body = RequestBody(self.receive, plan.max_body)
                 payload = await self.body.read()
             if plan.header_ticket is not None:
-                self.ticket = plan.header_ticket(scope["headers"])
+                try:
+                    self.ticket = plan.header_ticket(scope["headers"])
+                except BadRequest:
+                    raise
+                except Exception:  # a plugin's fault: named in the log, the request goes on
+                    plan.plugins.header_ticket_failed()
+                    self.ticket = make_ticket(plan.default.tenant, plan.default.priority)
             else:
                 self.ticket = self._classify(payload)
         except BadRequest as exc:

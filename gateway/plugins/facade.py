@@ -118,17 +118,32 @@ class Plugins:
         self.observes_routing = bool(self._on_routed)
         #: ``headers -> Ticket`` when the only classifier offers to answer from the raw
         #: ASGI headers alone (its hook function's ``header_tickets``): the request path
-        #: then classifies without a header dict or a hook call; else None
+        #: then classifies without a header dict or a hook call (when it raises, the caller
+        #: tells ``header_ticket_failed`` and takes the default class); else None
         self.header_ticket: HeaderTicket | None = self._header_ticket()
 
     def _header_ticket(self) -> HeaderTicket | None:
         if len(self._classifiers) != 1:
             return None
-        offer = getattr(self._classifiers[0].function, HEADER_TICKETS, None)
+        impl = self._classifiers[0]
+        offer = getattr(impl.function, HEADER_TICKETS, None)
         if offer is None:
             return None
-        tickets: HeaderTicket = offer(self.settings).ticket
+        try:
+            tickets: HeaderTicket = offer(self.settings).ticket
+        except Exception as exc:
+            raise PluginError(
+                impl.plugin,
+                f"its {HEADER_TICKETS} (the classifier's header-only path) could not be built "
+                f"from the settings: {exc!r}; fix it, or disable the plugin",
+                distribution=self.distribution_of(impl.plugin),
+            ) from exc
         return tickets
+
+    def header_ticket_failed(self) -> None:
+        """Log that the header-only classification (``header_ticket``) raised, naming its
+        plugin, at most once a minute; the caller goes on with the default class."""
+        self._complain(self._classifiers[0].plugin, f"{HEADER_TICKETS} of obleth_classify_request")
 
     # -- startup ----------------------------------------------------------------------------
 
@@ -284,13 +299,9 @@ class Plugins:
     # -- the request path -------------------------------------------------------------------
 
     def classify(self, scope: Scope, body: bytes | None) -> Classification | None:
-        """The first plugin's answer; a plugin that raises is logged and skipped.
-
-        Plugins get the headers decoded, in a dict with lower-case names.
-        """
-        if self.header_ticket is not None:
-            found = self.header_ticket(scope["headers"])
-            return Classification(found.tenant, found.priority)
+        """The first plugin's answer through the hook (``header_ticket``, when offered, is
+        the caller's to try first); a plugin that raises is logged and skipped. Plugins
+        get the headers decoded, in a dict with lower-case names."""
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         arguments = {"scope": scope, "headers": headers, "body": body, "settings": self.settings}
         for impl in self._classifiers:
@@ -337,9 +348,7 @@ class Plugins:
 
     def complain(self, plugin: str, problem: str) -> None:
         """Log that ``plugin`` failed on the request path (rate-limited per plugin)."""
-        if self._complaints.may(plugin):
-            origin = self._origin_text(plugin)
-            log.error("plugin %r (%s): %s; the request goes on without it", plugin, origin, problem)
+        self._complain(plugin, "", problem)
 
     def is_builtin(self, plugin: str) -> bool:
         """Whether ``plugin`` is one of Obleth's own built-in plugins."""
@@ -357,7 +366,7 @@ class Plugins:
         exception being handled), at most once a minute per plugin."""
         if not self._complaints.may(plugin):
             return
-        where = f"plugin {plugin!r} ({self._origin_text(plugin)}), {what}"
+        where = f"plugin {plugin!r} ({self._origin_text(plugin)})" + (f", {what}" if what else ":")
         if problem is None:
             log.exception("%s raised; the request goes on without it", where)
         else:

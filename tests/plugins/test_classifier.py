@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import BuiltinFunctionType, FunctionType, ModuleType
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import Settings, hookimpl
+from gateway import GatewayMiddleware, PluginError, Settings, hookimpl
 from gateway.builtin.classifier import MEMO_SIZE, HeaderReader, reader_for, tenant_of_key
 from gateway.core.tickets import PRIORITIES, Ticket
 from gateway.core.tickets import ticket as make_ticket
@@ -183,8 +185,9 @@ def test_a_bad_priority_names_the_header_and_what_is_accepted() -> None:
 
 def test_any_classifier_may_offer_the_header_only_path() -> None:
     """The fast path is offered by an attribute any classifier may set, not by the
-    built-in's name: a plugin's own, alone with the built-in disabled, is used without
-    its hook being called; next to the built-in, the hook is called as usual."""
+    built-in's name: a plugin's own, alone with the built-in disabled, becomes
+    ``header_ticket`` (which the request path calls instead of the hook; ``classify``
+    always asks the hook); next to the built-in, there is no fast path."""
     calls: list[str] = []
 
     class ByHeader:
@@ -208,9 +211,62 @@ def test_any_classifier_may_offer_the_header_only_path() -> None:
     assert alone.header_ticket is not None
     assert alone.header_ticket(scope["headers"]) == make_ticket("red", "critical")
     assert alone.classify(scope, None) == ("red", "critical", None, None)
-    assert calls == ["ticket", "ticket"]
+    assert calls == ["ticket", "hook"]
     calls.clear()
     beside = Plugins(Settings(), extra=[Team()], entry_points=False)
     assert beside.header_ticket is None
     assert beside.classify(scope, None) == ("red", "critical", None, None)
     assert calls == ["hook"]
+
+
+def test_a_header_only_path_that_raises_is_named_and_the_request_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A plugin's header-only classification that raises on a request is the plugin's
+    fault: the log names it, the request gets the default class and is served; one whose
+    construction fails stops startup with a ``PluginError`` naming it."""
+
+    class Fragile:
+        def __init__(self, settings: Settings) -> None:
+            self.teams = {b"red": "red"}
+
+        def ticket(self, headers: Headers) -> Ticket:
+            return make_ticket(self.teams[dict(headers)[b"x-team"]], "critical")
+
+    class Team:
+        @hookimpl
+        def obleth_classify_request(self) -> None:
+            return None
+
+    setattr(Team.obleth_classify_request, HEADER_TICKETS, Fragile)
+    settings = Settings(disable_plugins=("classifier",), default_tenant="nobody")
+    app = GatewayMiddleware(echo_tenant, settings, plugins=[Team()])
+
+    async def two_requests() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            answers = [await client.get("/", headers={"x-team": t}) for t in ("red", "blue")]
+        await app.gateway.stop()
+        return answers
+
+    with caplog.at_level("ERROR", logger="obleth"):
+        known, missing = asyncio.run(two_requests())
+    assert (known.status_code, known.text) == (200, "red")
+    assert (missing.status_code, missing.text) == (200, "nobody")
+    [record] = [r for r in caplog.records if "header_tickets" in r.getMessage()]
+    assert "plugin 'Team-0'" in record.getMessage() and record.exc_info is not None
+
+    class Broken(Fragile):
+        def __init__(self, settings: Settings) -> None:
+            raise ValueError("missing TEAM_MAP")
+
+    setattr(Team.obleth_classify_request, HEADER_TICKETS, Broken)
+    with pytest.raises(PluginError, match=r"plugin 'Team-0'.*header_tickets.*TEAM_MAP"):
+        Plugins(settings, extra=[Team()], entry_points=False)
+
+
+async def echo_tenant(scope: dict, receive: object, send: Callable) -> None:
+    """An app answering the tenant the gateway admitted the request as."""
+    body = scope["state"]["obleth"]["tenant"].encode()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body})
