@@ -57,6 +57,19 @@ def check_seconds(settings: Settings, name: str, value: Any) -> float:
     return float(value)
 
 
+def check_seconds_from(least: float) -> Callable[[Settings, str, Any], float]:
+    """``check_seconds``, and at least ``least``: for an interval that a loop waits
+    between rounds, where a typo like 1e-6 would make it spin."""
+
+    def check(settings: Settings, name: str, value: Any) -> float:
+        seconds = check_seconds(settings, name, value)
+        if seconds < least:
+            raise settings.error(name, value, f"expected at least {least:g} s")
+        return seconds
+
+    return check
+
+
 def check_name(settings: Settings, name: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise settings.error(name, value, "expected a non-empty name")

@@ -177,9 +177,9 @@ class Settings(AdmissionSettings):
         0.25,
         doc="How often each upstream's `/metrics` and `/health` are read while requests come "
         "(see `upstream_idle_poll_factor` for the idle pace). A reading older than three "
-        "intervals is stale and counts as saturated.",
+        "intervals is stale and counts as saturated. At least 0.01 s.",
         parse=parsers.env_float,
-        check=checks.check_seconds,
+        check=checks.check_seconds_from(0.01),
     )
     upstream_idle_poll_factor: float = setting(
         4.0,
