@@ -144,6 +144,11 @@ def test_every_setting_has_an_environment_variable() -> None:
             "Invalid value for 'db'",
         ),
         ({"OBLETH_REDIS_URL": "redis+cluster://"}, "OBLETH_REDIS_URL=", "at least one host"),
+        (
+            {"OBLETH_UPSTREAM_POLL_INTERVAL_S": "1e-6"},
+            "OBLETH_UPSTREAM_POLL_INTERVAL_S=1e-06",
+            "at least 0.01 s",
+        ),
     ],
 )
 def test_bad_environment_names_the_variable_value_and_fix(
