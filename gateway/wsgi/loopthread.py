@@ -38,6 +38,11 @@ class LoopThread:
         self._thread: threading.Thread | None = None
         #: the process the loop runs in: after a fork, the child starts one of its own
         self._pid = 0
+        #: what ``submit`` runs until it ends: an asyncio task waiting on a future is held
+        #: only by that future, and a request's future (its passage) is held by its
+        #: response, so a response dropped in a reference cycle would take its task into
+        #: the garbage (destroyed pending, its ``finally`` run by the collector's thread)
+        self._running: set[concurrent.futures.Future[Any]] = set()
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The running loop of this process, started if it is not yet."""
@@ -51,8 +56,13 @@ class LoopThread:
             return self._loop
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Run ``coroutine`` on the loop; its outcome arrives in the returned future."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop())
+        """Run ``coroutine`` on the loop; its outcome arrives in the returned future. The
+        task running it is kept alive until it ends, whoever holds the future."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop())
+        # the future holds its task (it cancels the task when cancelled itself)
+        self._running.add(future)
+        future.add_done_callback(self._running.discard)
+        return future
 
     def close(self, last: Callable[[], Awaitable[object]] | None = None) -> None:
         """Run ``last`` on the loop (waiting up to ``STOP_S``), then stop the loop and its

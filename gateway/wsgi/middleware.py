@@ -17,15 +17,14 @@ from typing import Any
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from gateway.asgi.flight import has_json_body
-from gateway.asgi.plan import FlightPlan
-from gateway.complaints import Complaints
 from gateway.core.exemptions import ExemptPaths
-from gateway.gateway import Gateway, given
+from gateway.gateway import Gateway
 from gateway.settings import Settings
 from gateway.wsgi.environ import path_of, read_body_ahead, scope_of
 from gateway.wsgi.firstbyte import FirstByteClock
 from gateway.wsgi.loopthread import LoopThread
-from gateway.wsgi.passage import Held, Passage, run_app
+from gateway.wsgi.passage import Passage, hold, run_app
+from gateway.wsgi.processplan import ProcessPlan
 
 #: where the app finds the gateway's record of its request
 ENVIRON_KEY = "obleth"
@@ -55,11 +54,14 @@ class WSGIGatewayMiddleware:
 
     The gateway starts at the first request of each process, on an event loop thread of
     its own (WSGI has no startup event); ``start()`` starts it earlier, for instance in
-    gunicorn's ``post_worker_init`` hook. It stops when the process exits, or at
-    ``close()``. While a request waits for a seat it holds its worker thread: give the
-    server more threads than ``global_max_in_flight`` if waiting requests should not
-    block exempt ones. A client that leaves while its request waits is not noticed (WSGI
-    does not tell); its request is admitted, and ends as soon as the app writes to it.
+    gunicorn's ``post_worker_init`` hook. A process forked from the one that built the
+    middleware gets a fresh gateway, built from the same settings and plugins (a ready
+    ``gateway=`` cannot be built again: start it after the fork). It stops when the
+    process exits, or at ``close()``. While a request waits for a seat it holds its
+    worker thread: give the server more threads than ``global_max_in_flight`` if waiting
+    requests should not block exempt ones. A client that leaves while its request waits
+    is not noticed (WSGI does not tell); its request is admitted, and ends as soon as the
+    app writes to it.
     """
 
     def __init__(
@@ -71,9 +73,8 @@ class WSGIGatewayMiddleware:
         plugins: Iterable[object] = (),
     ) -> None:
         self.app = app
-        self.gateway = given(settings, gateway, plugins)
+        self._plans = ProcessPlan(run_app, settings, gateway, plugins)
         self._exempt = ExemptPaths(self.gateway.settings.exempt_paths)
-        self._plan = FlightPlan(run_app, self.gateway, Complaints())
         self._loop = LoopThread("obleth-gateway")
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -81,7 +82,7 @@ class WSGIGatewayMiddleware:
         raw_path, path = path_of(environ)
         if self._exempt.covers(path):
             return self.app(environ, start_response)
-        plan = self._plan
+        plan = self._plans.current()
         scope = scope_of(environ, raw_path, path)
         ahead = None
         if plan.reads_body and has_json_body(scope):
@@ -105,18 +106,40 @@ class WSGIGatewayMiddleware:
         except BaseException as exc:
             passage.finish("failed", exc)
             raise
-        return Held(result, passage, clock)
+        return hold(result, passage, clock)
+
+    @property
+    def gateway(self) -> Gateway:
+        """The gateway of this process: in a process forked from the one that built the
+        middleware, a fresh one built from the same settings and plugins (see
+        ``ProcessPlan``)."""
+        return self._plans.current().gateway
 
     def start(self) -> None:
         """Start the gateway in this process now rather than at its first request;
-        raises what stops it from starting (a ``PluginError``, Redis unreachable with
-        ``redis_failure_mode=closed``, ...)."""
-        self._loop.submit(self.gateway.start()).result()
+        raises what stops it from starting (a ``PluginError`` naming the plugin whose
+        capacity provider failed to start, ...).
+
+        In cluster mode, Redis out of reach does not stop it: the gateway starts in its
+        ``redis_failure_mode`` and keeps trying (with ``closed``, requests are answered
+        503 ``unavailable`` until Redis answers), as an app must be able to start while
+        Redis is down. Starting before the server forks is safe: each forked process
+        builds and starts a gateway of its own.
+        """
+        gateway = self._plans.current().gateway
+        self._loop.submit(gateway.start()).result()
 
     def close(self) -> None:
         """Stop the gateway (waiters still queued are answered 503, leases in Redis are
-        given back) and its loop. A later request starts them again."""
-        self._loop.close(self.gateway.stop)
+        given back) and its loop. Responses still streaming go on; their seats are given
+        back now, and closing them later does nothing more. A later request starts the
+        gateway and its loop again."""
+        self._loop.close(self._stop)
+
+    async def _stop(self) -> None:
+        plan = self._plans.here()  # none when this process never used its gateway
+        if plan is not None:
+            await plan.gateway.stop()
 
 
 def _naming(start_response: StartResponse, route: Any) -> StartResponse:

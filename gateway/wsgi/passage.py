@@ -15,9 +15,9 @@ import asyncio
 import concurrent.futures
 import http
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from wsgiref.types import StartResponse
 
 from gateway.asgi.flight import Flight
@@ -132,8 +132,15 @@ class Passage:
     def finish(self, how: str, error: BaseException | None = None) -> None:
         """From the worker thread, once: the response is over. ``how`` is ``"completed"``
         (its iterable ran to the end and was closed), ``"cut"`` (closed early: the client
-        left or the server gave up) or ``"failed"`` (the app raised ``error``)."""
-        self._loop.call_soon_threadsafe(_settle, self._done, how, error)
+        left or the server gave up) or ``"failed"`` (the app raised ``error``).
+
+        Does nothing once the loop has shut down (``close()``, or the process exiting)
+        under the response: its flight was cancelled then, and its seats given back."""
+        try:
+            self._loop.call_soon_threadsafe(_settle, self._done, how, error)
+        except RuntimeError:
+            if not self._loop.is_closed():
+                raise
 
 
 def _settle(done: asyncio.Future[None] | None, how: str, error: BaseException | None) -> None:
@@ -154,10 +161,19 @@ async def run_app(scope: Scope, receive: Any, send: Any) -> None:
     await passage.hand_over()
 
 
+def hold(inner: Iterable[bytes], passage: Passage, clock: FirstByteClock | None) -> Held:
+    """The app's response ``inner``, held by the request's seats: a ``SizedHeld`` when
+    ``inner`` has a length (PEP 3333 lets a server read it, and wsgiref sends a
+    one-chunk list with its ``Content-Length``), else a ``Held``, which has none."""
+    if isinstance(inner, Sized):
+        return SizedHeld(inner, passage, clock)
+    return Held(inner, passage, clock)
+
+
 class Held:
     """The WSGI app's response iterable, holding the request's seats until the server
     closes it (PEP 3333 says it must); a response dropped unclosed gives them back when
-    it is collected."""
+    it is collected. It has no length: ``SizedHeld`` wraps a response that has one."""
 
     __slots__ = ("__weakref__", "_clock", "_ended", "_inner", "_iterator", "_passage")
 
@@ -175,9 +191,10 @@ class Held:
         return self
 
     def __next__(self) -> bytes:
-        if self._iterator is None:
-            self._iterator = iter(self._inner)
         try:
+            if self._iterator is None:
+                # a lazy body fails here as well as in next(): both are the app's error
+                self._iterator = iter(self._inner)
             chunk = next(self._iterator)
         except StopIteration:
             self._ended = True
@@ -212,3 +229,12 @@ class Held:
 
     def __del__(self) -> None:
         self._end("cut")
+
+
+class SizedHeld(Held):
+    """A ``Held`` response whose app's iterable has a length, which it answers."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return len(cast(Sized, self._inner))

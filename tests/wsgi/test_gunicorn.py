@@ -20,18 +20,29 @@ import redis
 from tests.cluster.pods import HOST, REPO_ROOT, UvicornApp
 
 APP = "tests.wsgi.gunicornapp:application"
+PRELOADED = "tests.wsgi.preloadapp:application"
 CONFIG = Path(__file__).with_name("gunicorn_conf.py")
 SPLIT = "with an in-process budget of its own"
 """What the error about a budget split across processes says."""
 
 
 class Gunicorn(UvicornApp):
-    """``gunicorn --worker-class gthread --threads 8 --workers N <app>``."""
+    """``gunicorn --worker-class gthread --threads 8 --workers N <app>``; with ``preload``,
+    ``--preload`` (the app is imported before the workers fork)."""
 
-    def __init__(self, workers: int, *, config: Path | None = None, **options: Any) -> None:
-        super().__init__(APP, health_path="/healthz", **options)
+    def __init__(
+        self,
+        workers: int,
+        *,
+        config: Path | None = None,
+        app: str = APP,
+        preload: bool = False,
+        **options: Any,
+    ) -> None:
+        super().__init__(app, health_path="/healthz", **options)
         self.workers = workers
         self.config = config
+        self.preload = preload
 
     def _argv(self, port: int) -> list[str]:
         return [
@@ -39,6 +50,7 @@ class Gunicorn(UvicornApp):
             *("--worker-class", "gthread", "--threads", "8", "--workers", str(self.workers)),
             *("--log-level", "warning", "--graceful-timeout", "2"),
             *(() if self.config is None else ("--config", str(self.config))),
+            *(("--preload",) if self.preload else ()),
         ]
 
 
@@ -96,6 +108,36 @@ def test_two_gthread_workers_without_redis_say_their_budgets_are_split() -> None
 
     errors = [line for line in log.splitlines() if SPLIT in line]
     assert all("2 x 2 = 4" in e and "redis_url (OBLETH_REDIS_URL)" in e for e in errors), errors
+
+
+def test_a_worker_forked_after_start_serves_with_a_fresh_gateway_of_its_own() -> None:
+    """``start()`` at import under ``--preload``, with a request admitted before the fork
+    and never closed: the worker builds a gateway of its own from the same settings, on
+    its own loop. Its requests queue there and are served (none fails on the first
+    process's loop), and the seat taken before the fork is not the worker's."""
+    env = {"OBLETH_GLOBAL_MAX_IN_FLIGHT": "1", "HOLD_AT_FORK": "1"}
+    with Gunicorn(1, env=env, app=PRELOADED, preload=True) as server:
+        answers = asyncio.run(_burst(server.url, 4))
+        log = server.log_tail(200)
+
+    assert [answer.status_code for answer in answers] == [200] * 4, log
+    assert len({answer.json()["pid"] for answer in answers}) == 1
+    # one seat: the others queued for it, in the worker's own queue
+    assert any(answer.json()["record"]["waited_s"] > 0 for answer in answers)
+    assert "Traceback" not in log, log
+
+
+def test_a_gateway_handed_over_and_started_before_the_fork_is_refused_in_the_worker() -> None:
+    """A ready gateway (``gateway=``) cannot be built again in the worker: its requests
+    fail with an error that says why and what to pass instead."""
+    env = {"PRELOAD_GATEWAY": "given"}
+    with Gunicorn(1, env=env, app=PRELOADED, preload=True) as server:
+        answer = httpx.post(server.url + "/v1/chat/completions", json={}, trust_env=False)
+        log = server.log_tail(200)
+
+    assert answer.status_code == 500
+    assert "that gateway was started in process" in log, log
+    assert "Pass settings= and plugins= instead of gateway=" in log
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,174 @@
+"""The response iterable ``WSGIGatewayMiddleware`` hands the server: its length where the
+app's response has one, and its end when the gateway has gone away under it (closed by
+``close()``) or when the server drops it without closing it."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+from collections.abc import Iterable, Iterator, Sized
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+from wsgiref.util import setup_testing_defaults
+
+import httpx
+import pytest
+
+from gateway.wsgi import WSGIGatewayMiddleware
+from tests.wsgi.heldapp import CHAT, WAIT_S, HeldApp, gated, outcomes, post, wait_until
+from tests.wsgi.serving import serving
+
+
+class ClosingWatch:
+    """A WSGI layer between the server and ``app``: it counts the responses the server
+    closed and keeps what their ``close()`` raised into the server."""
+
+    def __init__(self, app: WSGIApplication) -> None:
+        self.app = app
+        self.closed = 0
+        self.raised: list[BaseException] = []
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        return _Watched(self.app(environ, start_response), self)
+
+
+class _Watched:
+    def __init__(self, response: Iterable[bytes], watch: ClosingWatch) -> None:
+        self.response = response
+        self.watch = watch
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.response)
+
+    def close(self) -> None:
+        try:
+            getattr(self.response, "close", lambda: None)()
+        except BaseException as exc:
+            self.watch.raised.append(exc)
+            raise
+        finally:
+            self.watch.closed += 1
+
+
+def environ_of(path: str = CHAT) -> dict[str, Any]:
+    """The environ a server would give a GET of ``path``, for a test in the server's role."""
+    environ: dict[str, Any] = {"PATH_INFO": path}
+    setup_testing_defaults(environ)
+    return environ
+
+
+def ignore_head(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+    return None
+
+
+def streamed(url: str) -> list[str]:
+    with httpx.stream("POST", url + CHAT, json={}, trust_env=False, timeout=WAIT_S) as answer:
+        return list(answer.iter_lines())
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(4) as executor:
+        yield executor
+
+
+def test_a_one_chunk_response_keeps_the_content_length_the_server_gives_it() -> None:
+    """A server may send a one-item list with its length (wsgiref does): the middleware's
+    response has the app's length, and a streamed one still has none."""
+    app = HeldApp()
+    app.release.set()
+    middleware = gated(app)
+    with serving(middleware) as url:
+        answer = post(url)
+    streaming = HeldApp(stream=True)
+    streaming.release.set()
+    stream_gate = gated(streaming)
+    response = stream_gate(environ_of(), ignore_head)
+    try:
+        chunks = list(response)
+    finally:
+        getattr(response, "close", lambda: None)()
+    middleware.close()
+    stream_gate.close()
+
+    assert answer.status_code == 200
+    assert answer.headers["content-length"] == str(len(answer.content))
+    assert not isinstance(response, Sized)  # len() of a generator is no answer to give
+    assert len(chunks) == 2
+
+
+def test_close_while_a_response_streams_leaves_that_response_nothing_to_give_back(
+    pool: ThreadPoolExecutor,
+) -> None:
+    """Its seat came back when the gateway's loop shut down; the server's later close() of
+    the response does nothing, and raises nothing into the server."""
+    app = HeldApp(stream=True)
+    middleware = gated(app, global_max_in_flight=1)
+    watch = ClosingWatch(middleware)
+    with serving(watch) as url:
+        streaming = pool.submit(streamed, url)
+        app.wait_entered(1)
+        middleware.close()
+        app.release.set()
+        lines = streaming.result()
+        wait_until(lambda: watch.closed == 1)
+        after = post(url)  # a later request starts the gateway again
+        wait_until(lambda: watch.closed == 2)
+    middleware.close()
+
+    assert watch.raised == []
+    assert lines[0] == "first" and len(lines) == 2  # the app streamed on to its end
+    assert after.status_code == 200
+    assert middleware.gateway.snapshot().inflight == 0
+    assert outcomes(middleware) == {"cancelled": 1, "completed": 1}
+
+
+def test_a_response_dropped_after_close_is_collected_without_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that drops a response without closing it, after the gateway closed: its
+    finalizer has nothing left to give back, and says nothing."""
+    app = HeldApp(stream=True)
+    app.release.set()
+    middleware = gated(app)
+    response = middleware(environ_of(), ignore_head)
+    first = next(iter(response))
+    middleware.close()
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    del response
+    gc.collect()
+
+    assert first == b"first\n"
+    assert unraisable == []
+    assert outcomes(middleware) == {"cancelled": 1}
+
+
+def test_a_response_dropped_in_a_reference_cycle_gives_its_seat_back_when_collected(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The garbage collector takes the response, not the request's flight on the
+    gateway's loop: the seat comes back, counted as cut short, and nothing is logged."""
+
+    class Box:
+        response: Iterable[bytes]
+        itself: Box
+
+    app = HeldApp(stream=True)
+    app.release.set()
+    middleware = WSGIGatewayMiddleware(app)
+    box = Box()
+    box.response = middleware(environ_of(), ignore_head)
+    box.itself = box
+    first = next(iter(box.response))
+    assert middleware.gateway.snapshot().inflight == 1
+    del box
+    gc.collect()
+    wait_until(lambda: middleware.gateway.snapshot().inflight == 0)
+    middleware.close()
+
+    assert first == b"first\n"
+    assert outcomes(middleware) == {"cancelled": 1}
+    assert [record for record in caplog.records if record.levelno >= logging.WARNING] == []
