@@ -37,6 +37,9 @@ class EngineMetrics:
         return frozenset((*self.running, *self.waiting, *self.kv_usage, *self.preemptions))
 
 
+MODEL_LABEL = "model_name"
+"""The label vLLM and SGLang put on their samples, naming the model they serve."""
+
 ENGINES: tuple[EngineMetrics, ...] = (
     EngineMetrics(
         engine="vllm",
@@ -72,13 +75,20 @@ def reading_from_text(upstream: str, text: str, at: float, healthy: bool) -> Rea
       fit in.
     - A NaN sample is no sample; so is an infinite ``running`` or ``waiting``, and a
       negative count is read as 0. A field whose names have no usable sample is None.
+    - ``models`` holds the ``model_name`` labels of that engine's samples (None when
+      they have none): the names the upstream serves models under.
     - Never raises on bad text: malformed lines are skipped (see ``promtext``).
     """
     found: dict[str, list[float]] = {}
+    models: dict[str, set[str]] = {}
     for sample in _usable(parse_samples(text, METRIC_NAMES)):
         found.setdefault(sample.name, []).append(sample.value)
+        model = sample.labels.get(MODEL_LABEL)
+        if model:
+            models.setdefault(sample.name, set()).add(model)
     for engine in ENGINES:
         if found.keys() & engine.names:
+            named = set().union(*(models.get(name, ()) for name in engine.names))
             return Reading(
                 upstream,
                 healthy=healthy,
@@ -88,6 +98,7 @@ def reading_from_text(upstream: str, text: str, at: float, healthy: bool) -> Rea
                 preemptions=_count(_first(found, engine.preemptions)),
                 at=at,
                 engine=engine.engine,
+                models=frozenset(named) or None,
             )
     return Reading(upstream, healthy=healthy, at=at)
 

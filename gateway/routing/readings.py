@@ -40,6 +40,10 @@ class Reading:
     at: float = 0.0
     engine: str | None = None
     """Which engine's metric names matched: ``vllm``, ``sglang``, or None."""
+    models: frozenset[str] | None = None
+    """The models the upstream's metrics are labelled with (``model_name``, which vLLM and
+    SGLang put on every sample): what it serves under those names. None when no sample
+    names one."""
 
     def age_s(self, now: float) -> float:
         """Seconds since the numbers were scraped; infinite when they never were."""

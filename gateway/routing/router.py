@@ -181,7 +181,8 @@ class Router:
     def route(self, request: RouteRequest) -> Decision:
         """Choose; raises ``Unroutable`` when no upstream can take the request."""
         self.activity.arrived()  # first: a request refused for want of health counts too
-        healthy = self._healthy(self._serving_model(request.model), request.model)
+        serving = self._listing(self._serving_model(request.model), request.model)
+        healthy = self._healthy(serving, request.model)
         if self.policy == "round-robin":
             ranking, scores = self._round_robin(healthy)
             decision = Decision(self, request, ranking[0], scores, lambda: ranking)
@@ -203,6 +204,23 @@ class Router:
             if len(self._serving) < 4096:  # bounded: models are few, but names come from clients
                 self._serving[model] = serving
         return serving
+
+    def _listing(self, serving: list[str], model: str | None) -> list[str]:
+        """``serving`` without the upstreams whose metrics name other models but not
+        ``model`` (``Reading.models``), when some upstream's metrics do name it: a fleet
+        where each upstream serves its own model routes by model with no list
+        configured. Upstreams whose metrics name no model stay. When no metrics name
+        ``model``, ``serving`` as it is: a model may be served under a name the metrics
+        do not show (a LoRA adapter, an alias), and the upstreams are the ones to say."""
+        if model is None or len(serving) < 2:
+            return serving
+        readings = self.fleet.readings
+        named = [readings.get(u).models for u in serving]
+        if not any(models and model in models for models in named):
+            return serving
+        return [
+            u for u, models in zip(serving, named, strict=True) if not models or model in models
+        ]
 
     def _healthy(self, serving: list[str], model: str | None) -> list[str]:
         if not serving:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -119,8 +120,9 @@ def test_metrics_text_becomes_a_reading(
     waiting: float | None,
     kv_usage: float | None,
 ) -> None:
-    """Each engine's names land in the right fields, with the engine named."""
-    reading = reading_from_text(URL, text, AT, True)
+    """Each engine's names land in the right fields, with the engine named (the models
+    their labels name are the next test's)."""
+    reading = dataclasses.replace(reading_from_text(URL, text, AT, True), models=None)
     assert reading == Reading(
         URL,
         healthy=True,
@@ -130,6 +132,23 @@ def test_metrics_text_becomes_a_reading(
         at=AT,
         engine=engine,
     )
+
+
+def test_the_model_name_labels_say_what_the_upstream_serves() -> None:
+    """``models`` gathers the ``model_name`` labels of the engine's samples (the names
+    routing matches a request's model against), of that engine only; None without any."""
+    assert reading_from_text(URL, VLLM, AT, True).models == {"llama"}
+    several = (
+        'vllm:num_requests_running{model_name="llama"} 1\n'
+        'vllm:num_requests_waiting{model_name="qwen",engine="0"} 2\n'
+        'sglang:num_running_reqs{model_name="mistral"} 4\n'
+        'process_cpu_seconds_total{model_name="other"} 9\n'
+    )
+    assert reading_from_text(URL, several, AT, True).models == {"llama", "qwen"}
+    sglang = 'sglang:num_running_reqs{model_name="mistral"} 4\n'
+    assert reading_from_text(URL, sglang, AT, True).models == {"mistral"}
+    assert reading_from_text(URL, "vllm:num_requests_running 3\n", AT, True).models is None
+    assert reading_from_text(URL, "garbage", AT, True).models is None
 
 
 def test_health_verdict_and_scrape_time_are_carried_as_given() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -416,6 +417,40 @@ async def test_requests_for_a_model_reach_only_the_upstreams_serving_it(
 
     assert Counter(answers) == {("model-a", a.url): 5, ("model-b", b.url): 5}
     assert (a.stats().completed, b.stats().completed) == (5, 5)
+
+
+async def test_without_model_lists_requests_follow_the_models_the_upstreams_metrics_name(
+    http: httpx.AsyncClient,
+) -> None:
+    """Upstreams configured by URL alone, each serving its own model: the ``model_name``
+    label of their metrics says which serves what, and each model's requests go there; a
+    model no metrics name (a LoRA adapter, say) may go to either, for the upstream to
+    answer."""
+    async with contextlib.AsyncExitStack() as stack:
+        sims = [
+            await stack.enter_async_context(simulators(1, dataclasses.replace(FAST, model=m)))
+            for m in ("model-a", "model-b")
+        ]
+        a, b = (group[0] for group in sims)
+        async with routed_gateway([a, b], upstream_header=True) as gateway:
+            readings = gateway.gateway.readings
+            await eventually(
+                lambda: all(readings.get(s.url).models for s in (a, b)),
+                lambda: f"readings {[readings.get(s.url) for s in (a, b)]}",
+            )
+
+            async def ask(model: str) -> tuple[str, str]:
+                response = await http.post(
+                    f"{gateway.url}/v1/completions", json={**SHORT, "model": model}
+                )
+                assert response.status_code == 200, response.text
+                return model, response.headers[UPSTREAM_HEADER]
+
+            answers = await asyncio.gather(*(ask(m) for m in ["model-a", "model-b"] * 6))
+            adapters = await asyncio.gather(*(ask("sql-adapter") for _ in range(12)))
+
+    assert Counter(answers) == {("model-a", a.url): 6, ("model-b", b.url): 6}
+    assert {upstream for _, upstream in adapters} == {a.url, b.url}
 
 
 async def test_a_model_no_upstream_serves_gets_404_model_not_found_and_frees_its_seat(

@@ -106,6 +106,25 @@ def test_a_request_goes_only_to_upstreams_serving_its_model() -> None:
         decision.finish()
 
 
+def test_without_model_lists_the_models_the_metrics_name_filter_the_upstreams() -> None:
+    """Upstreams configured without models are matched against the ``model_name`` labels
+    of their metrics: an upstream whose metrics name other models only is left out; one
+    whose metrics name none stays; a model no metrics name may go to any (the upstreams
+    answer for it), and so may a request naming no model."""
+    gw = gateway(routing_scorers="queue-depth:1")
+    all_scraped(gw)
+    now = time.monotonic()
+    for url, models in ((A, {"llama"}), (B, {"qwen"}), (C, {"llama", "qwen"})):
+        gw.readings.update(
+            Reading(url, healthy=True, waiting=0.0, running=0.0, at=now, models=frozenset(models))
+        )
+    for model, candidates in (("qwen", {B, C, D}), ("llama", {A, C, D}), ("lora-1", URLS)):
+        decision = route(gw, model=model)
+        assert set(decision.ranking) == set(candidates), model
+        decision.finish()
+    assert set(route(gw).ranking) == set(URLS)
+
+
 def test_a_request_naming_no_model_may_go_anywhere() -> None:
     """Without a model in the body every healthy upstream is a candidate."""
     gw = gateway(MODEL_UPSTREAMS, routing_scorers="queue-depth:1")
