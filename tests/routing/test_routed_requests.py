@@ -397,6 +397,14 @@ async def test_in_flight_returns_to_zero_when_the_client_disconnects_mid_stream(
 # -- filters: model, health -------------------------------------------------------------------
 
 
+async def answered(http: httpx.AsyncClient, gateway: Routed, model: str) -> tuple[str, str]:
+    """A short completion for ``model`` through ``gateway``: the model and the upstream
+    that answered it (``upstream_header`` must be on)."""
+    response = await http.post(f"{gateway.url}/v1/completions", json={**SHORT, "model": model})
+    assert response.status_code == 200, response.text
+    return model, response.headers[UPSTREAM_HEADER]
+
+
 async def test_requests_for_a_model_reach_only_the_upstreams_serving_it(
     http: httpx.AsyncClient,
 ) -> None:
@@ -405,15 +413,8 @@ async def test_requests_for_a_model_reach_only_the_upstreams_serving_it(
         a, b = sims
         upstreams = [f"{a.url}=model-a", f"{b.url}=model-b"]
         async with routed_gateway(sims, upstreams=upstreams, upstream_header=True) as gateway:
-
-            async def ask(model: str) -> tuple[str, str]:
-                response = await http.post(
-                    f"{gateway.url}/v1/completions", json={**SHORT, "model": model}
-                )
-                assert response.status_code == 200, response.text
-                return model, response.headers[UPSTREAM_HEADER]
-
-            answers = await asyncio.gather(*(ask(m) for m in ["model-a", "model-b"] * 5))
+            asks = (answered(http, gateway, m) for m in ["model-a", "model-b"] * 5)
+            answers = await asyncio.gather(*asks)
 
     assert Counter(answers) == {("model-a", a.url): 5, ("model-b", b.url): 5}
     assert (a.stats().completed, b.stats().completed) == (5, 5)
@@ -439,15 +440,11 @@ async def test_without_model_lists_requests_follow_the_models_the_upstreams_metr
                 lambda: f"readings {[readings.get(s.url) for s in (a, b)]}",
             )
 
-            async def ask(model: str) -> tuple[str, str]:
-                response = await http.post(
-                    f"{gateway.url}/v1/completions", json={**SHORT, "model": model}
-                )
-                assert response.status_code == 200, response.text
-                return model, response.headers[UPSTREAM_HEADER]
-
-            answers = await asyncio.gather(*(ask(m) for m in ["model-a", "model-b"] * 6))
-            adapters = await asyncio.gather(*(ask("sql-adapter") for _ in range(12)))
+            asks = (answered(http, gateway, m) for m in ["model-a", "model-b"] * 6)
+            answers = await asyncio.gather(*asks)
+            adapters = await asyncio.gather(
+                *(answered(http, gateway, "sql-adapter") for _ in range(12))
+            )
 
     assert Counter(answers) == {("model-a", a.url): 6, ("model-b", b.url): 6}
     assert {upstream for _, upstream in adapters} == {a.url, b.url}
