@@ -5,8 +5,11 @@ reach it during overload) or served on a listener of its own. What it offers tod
 
 - ``GET /api/v1/capacity``: ``{"max_in_flight": N}``, the limit in force (in cluster
   mode the pool's, as this pod last heard it from Redis).
-- ``PUT /api/v1/capacity`` with ``{"max_in_flight": N}``: the new limit, at once (in
-  cluster mode for every pod, within one heartbeat). ``0`` pauses admissions.
+- ``PUT /api/v1/capacity`` with ``{"max_in_flight": N}``: sets the operator's limit, the
+  *ceiling*, at once (in cluster mode for every pod, within one heartbeat); ``0`` pauses
+  admissions. It answers ``{"max_in_flight": L, "ceiling": N}``: ``L`` is what ``GET``
+  answers from then on, the limit in force, which is the lowest of ``N`` and the computed
+  capacity providers' values (``kv-pressure``, ``adaptive``), so it may be below ``N``.
 - ``GET /api/v1/status``: the gateway's state (``status.py``): the limit and each
   provider's value, requests in flight and queued (by class, by tenant, bounded), the
   upstreams, the cluster.
@@ -24,6 +27,8 @@ read below the prefix, from the scope's ``root_path``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -34,6 +39,9 @@ from gateway.admin import dashboard, openapi
 from gateway.admin.contract import CAPACITY_PATH, MAX_BODY_BYTES, MAX_LIMIT, STATUS_PATH
 from gateway.admin.status import status
 from gateway.asgi.responses import error_document, send_json, send_json_error
+from gateway.capacity import ceiling_of
+from gateway.core.exemptions import route_path
+from gateway.errors import Disconnected
 from gateway.gateway import Gateway
 from gateway.types import ASGIApp, Receive, Scope, Send
 
@@ -64,7 +72,7 @@ class _Admin:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return  # lifespan and websockets: nothing to do
-        path = _route_path(scope)
+        path = route_path(scope)
         if self._token is None or path not in PATHS:
             await send_json_error(send, 404, "no such admin endpoint", code="not_found")
             return
@@ -96,38 +104,51 @@ class _Admin:
         await send_json(send, 200, {"max_in_flight": self.gateway.snapshot().limit})
 
     async def _set_capacity(self, scope: Scope, receive: Receive, send: Send, token: bytes) -> None:
-        body = await _read_body(receive)
+        try:
+            body = await _read_body(receive)
+        except Disconnected:
+            return  # nobody to answer (or, cut off for pausing, ``BodyTimeout`` answers 408)
         limit, problem = _limit_of(body)
         if problem is not None:
             status = 413 if body is None else 422
             await send_json_error(send, status, problem, code="invalid_body", param="max_in_flight")
             return
         assert limit is not None
-        old = self.gateway.snapshot().limit
+        gateway = self.gateway
+        old = ceiling_of(gateway.providers.values(), gateway.settings.global_max_in_flight)
         try:
-            self.gateway.set_capacity(limit)
+            gateway.set_capacity(limit)
         except RuntimeError as exc:  # no capacity provider here can be set
             await send_json_error(send, 409, str(exc), code="not_settable")
             return
+        await _heard(gateway)
+        in_force = gateway.snapshot().limit
         client = scope.get("client")
         log.warning(
-            "capacity changed through the admin API: max_in_flight %d -> %d, by %s "
-            "(token sha256 %s)",
+            "capacity changed through the admin API: ceiling %d -> %d (limit in force %d), "
+            "by %s (token sha256 %s)",
             old,
             limit,
+            in_force,
             f"{client[0]}:{client[1]}" if client else "an unknown client",
             hashlib.sha256(token).hexdigest()[:8],
         )
-        await send_json(send, 200, {"max_in_flight": limit})
+        await send_json(send, 200, {"max_in_flight": in_force, "ceiling": limit})
 
 
-def _route_path(scope: Scope) -> str:
-    """The path below the prefix the API is mounted under (``root_path``), if any."""
-    path: str = scope["path"]
-    root: str = scope.get("root_path", "")
-    if root and path.startswith(root):
-        return path[len(root) :] or "/"
-    return path
+async def _heard(gateway: Gateway) -> None:
+    """Return once the pool has heard a new ceiling, in cluster mode: the Redis backend
+    sends it at once and keeps the pool's limit from Redis' reply (``settled``), so that
+    the PUT's answer, and a GET on this pod after it, are the pool's limit with the new
+    ceiling. Bounded by ``redis_retry_budget_s``: a pod that cannot reach Redis degrades
+    and answers its own limit. In process the limit has changed already."""
+    settled = getattr(gateway.backend, "settled", None)
+    if settled is not None:
+        # under steady traffic the caller may never fall idle: wait a retry budget at
+        # most (the ceiling went out with the first call, answered long before)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(gateway.settings.redis_retry_budget_s):
+                await settled()
 
 
 def _bearer(scope: Scope) -> bytes | None:
@@ -152,13 +173,14 @@ async def _not_allowed(send: Send, method: str, allowed: tuple[str, ...]) -> Non
 
 
 async def _read_body(receive: Receive) -> bytes | None:
-    """The request body; None when it is larger than ``MAX_BODY_BYTES``."""
+    """The request body; None when it is larger than ``MAX_BODY_BYTES``. ``Disconnected``
+    when the client left before it was whole: a half-sent body changes nothing."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            return b""
+            raise Disconnected("the client left before its request body was whole")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY_BYTES:

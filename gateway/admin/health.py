@@ -1,17 +1,23 @@
 """``Probes``: liveness, readiness and the metrics page, answered by the gateway itself,
 never queued nor forwarded.
 
-``obleth serve`` puts it outermost; an application using ``GatewayMiddleware`` mounts it
-the same way, around the middleware: ``Probes(GatewayMiddleware(app), middleware.gateway)``.
+``obleth serve`` puts it outermost, on the gateway's port and on the admin port; an
+application using ``GatewayMiddleware`` mounts it the same way, around the middleware:
+``Probes(GatewayMiddleware(app), middleware.gateway)``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from gateway.asgi.responses import send_json
+from gateway.complaints import Complaints
+from gateway.core.exemptions import route_path
 from gateway.gateway import Gateway
 from gateway.types import ASGIApp, Receive, Scope, Send
+
+log = logging.getLogger("obleth")
 
 HEALTH_PATH = "/healthz"
 READY_PATH = "/readyz"
@@ -59,10 +65,19 @@ class Probes:
     - ``/healthz``: ``200 {"status": "alive"}`` while the process runs.
     - ``/readyz``: ``200`` when the gateway is ready for traffic, ``503`` otherwise (see
       ``readiness``); the body says why: ``{"healthy_upstreams": [...], "queued": n}``
-      and, when not ready, ``"not_ready": [reasons]``.
+      and, when not ready, ``"not_ready": [reasons]``. A gateway that has not started
+      (served without lifespan, as ``uvicorn --lifespan off``) is started first, as the
+      first request it admits would start it, so that a load balancer that waits for
+      readiness before sending anything does not wait forever; if it cannot start,
+      ``503`` with ``"not_ready": ["the gateway could not start: <the error>"]`` (and the
+      error in the log, at most once a minute), ``healthy_upstreams`` empty and
+      ``queued`` 0.
     - ``/metrics``: ``200`` with ``metrics()``, Prometheus text; ``metrics`` is called once
       per scrape, on the event loop, so it must answer from memory. Without ``metrics``,
       the path goes to ``app`` like any other.
+
+    The paths are matched below the server's ``root_path`` (``uvicorn --root-path /gw``
+    answers ``/gw/healthz``), as the middleware's ``exempt_paths`` are.
     """
 
     def __init__(
@@ -71,9 +86,10 @@ class Probes:
         self.app = app
         self.gateway = gateway
         self.metrics = metrics
+        self._complaints = Complaints()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path") if scope["type"] == "http" else None
+        path = route_path(scope) if scope["type"] == "http" else None
         if path == HEALTH_PATH:
             await send_json(send, 200, {"status": "alive"})
         elif path == READY_PATH:
@@ -84,7 +100,26 @@ class Probes:
             await self.app(scope, receive, send)
 
     async def _ready(self, send: Send) -> None:
+        if not self.gateway.started:
+            problem = await self._start()
+            if problem is not None:
+                body = {"healthy_upstreams": [], "queued": 0, "not_ready": [problem]}
+                await send_json(send, 503, body)
+                return
         await send_json(send, *readiness(self.gateway))
+
+    async def _start(self) -> str | None:
+        """Start the gateway (shared with any start under way, see ``Gateway.start``);
+        None once started, else the reason it cannot be. The gateway may be one that could
+        not even be assembled (``GatewayMiddleware`` built while the loop ran, with a bad
+        setting): its ``start()`` raises that error, and nothing else of it may be read."""
+        try:
+            await self.gateway.start()
+        except Exception as exc:
+            if self._complaints.may("start"):
+                log.error("the gateway could not start, so it is not ready: %s", exc)
+            return f"the gateway could not start: {exc}"
+        return None
 
     async def _metrics(self, body: bytes, send: Send) -> None:
         headers = [

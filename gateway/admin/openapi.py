@@ -20,6 +20,8 @@ from gateway.admin.schemas import Schema
 from gateway.types import Send
 
 OPENAPI_PATH = "/api/v1/openapi.json"
+#: the API's root, relative to the document's URL (``OPENAPI_PATH``'s two directories up)
+SERVER_URL = "../.."
 
 
 _ABOUT = (
@@ -36,6 +38,15 @@ def document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Obleth admin API", "version": _version(), "description": _ABOUT},
+        # relative to this document's own URL (OpenAPI 3, "Server Object"): the API's root
+        # two levels up from api/v1/openapi.json, wherever it is served or mounted
+        "servers": [
+            {
+                "url": SERVER_URL,
+                "description": "The admin API this document was loaded from (its paths "
+                "start two levels above the document's own URL, also under a prefix).",
+            }
+        ],
         "paths": {
             CAPACITY_PATH: _capacity_path(),
             STATUS_PATH: _status_path(),
@@ -60,6 +71,7 @@ def document() -> dict[str, Any]:
             "schemas": {
                 "Capacity": schemas.capacity(maximum=None),
                 "CapacityChange": schemas.capacity(maximum=MAX_LIMIT),
+                "CapacitySet": schemas.capacity_set(maximum=MAX_LIMIT),
                 "Status": schemas.status(),
                 "Tenant": schemas.tenant(),
                 "Upstream": schemas.upstream(),
@@ -139,9 +151,12 @@ def _capacity_path() -> dict[str, Any]:
         },
         "put": {
             "operationId": "setCapacity",
-            "summary": "Change the limit at once",
-            "description": "0 pauses admissions; running requests finish. In cluster mode "
-            "the limit of every pod of the pool, within one heartbeat. Logged.",
+            "summary": "Set the operator's limit, the ceiling, at once",
+            "description": "Sets the ceiling: the limit in force is the lowest of it and the "
+            "computed capacity providers' values (`kv-pressure`, `adaptive`), so it may stay "
+            "below. 0 pauses admissions; running requests finish. In cluster mode the "
+            "ceiling of every pod of the pool, within one heartbeat; the answer comes once "
+            "Redis has taken it. Logged.",
             "security": _guarded(),
             "requestBody": {
                 "required": True,
@@ -154,8 +169,9 @@ def _capacity_path() -> dict[str, Any]:
             },
             "responses": {
                 "200": {
-                    "description": "The new limit, in force.",
-                    "content": _json(schemas.ref("CapacityChange")),
+                    "description": "The ceiling set, and the limit in force with it (what "
+                    "GET answers from now on).",
+                    "content": _json(schemas.ref("CapacitySet")),
                 },
                 "401": _unauthorized(),
                 "409": _error_response(

@@ -36,8 +36,29 @@ def capacity(*, maximum: int | None) -> Schema:
     limit = integer("The limit on requests in flight; 0 pauses admissions.", minimum=0)
     if maximum is not None:
         limit["maximum"] = maximum
-    what = "The limit in force." if maximum is None else "A limit to set."
+    what = "The limit in force." if maximum is None else "A limit to set (the ceiling)."
     return fixed({"max_in_flight": limit}, what)
+
+
+def capacity_set(*, maximum: int) -> Schema:
+    """What ``PUT /api/v1/capacity`` answers: the limit in force, as ``GET`` answers it
+    from then on, and the ceiling the request set."""
+    return fixed(
+        {
+            "max_in_flight": integer(
+                "The limit in force now, as GET answers it: the lowest of the ceiling and "
+                "the computed capacity providers' values, so it may be below the ceiling.",
+                minimum=0,
+            ),
+            "ceiling": integer(
+                "The operator's limit this request set: the limit in force whenever no "
+                "computed capacity provider is lower. 0 pauses admissions.",
+                minimum=0,
+                maximum=maximum,
+            ),
+        },
+        "The ceiling set, and the limit in force with it.",
+    )
 
 
 def status() -> Schema:
@@ -235,7 +256,12 @@ def error() -> Schema:
     detail = fixed(
         {
             "message": {"type": "string", "description": "What happened and what to do."},
-            "type": {"type": "string", "description": "The class of error, following the status."},
+            "type": {
+                "type": "string",
+                "description": "The class of error, following the status: "
+                "`authentication_error` (401), `invalid_request_error` (any other 4xx), "
+                "`server_error` (5xx).",
+            },
             "param": {"type": ["string", "null"], "description": "The field at fault."},
             "code": {"type": ["string", "null"], "description": "The reason, for programs."},
         },

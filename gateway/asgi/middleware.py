@@ -18,7 +18,7 @@ from gateway.asgi.flight import Flight, answer_not_started
 from gateway.asgi.lifespan import run_lifespan
 from gateway.asgi.plan import FlightPlan
 from gateway.complaints import Complaints
-from gateway.core.exemptions import ExemptPaths
+from gateway.core.exemptions import ExemptPaths, route_path
 from gateway.errors import OblethError
 from gateway.gateway import Gateway, given
 from gateway.settings import Settings
@@ -88,7 +88,10 @@ class GatewayMiddleware:
             else:
                 await self.app(scope, receive, send)
             return
-        if self._exempt.covers(scope["path"]):
+        path = scope["path"]
+        if scope.get("root_path"):  # ``uvicorn --root-path``: matched below it, as apps route
+            path = route_path(scope)
+        if self._exempt.covers(path):
             await self.app(scope, receive, send)
         elif self._plan is not None:
             await Flight(self._plan, scope, receive, send).run()

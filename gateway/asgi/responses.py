@@ -8,16 +8,14 @@ import math
 from gateway.errors import BadRequest, Rejected
 from gateway.types import Send
 
+#: the error ``type`` of a status, as OpenAI-style clients sort errors: the request's
+#: fault, the credentials', too many requests, or the server's; a status not listed takes
+#: its class's (``invalid_request_error`` for 4xx, ``server_error`` for 5xx)
 _ERROR_TYPES = {
-    400: "invalid_request_error",
-    404: "invalid_request_error",
-    408: "invalid_request_error",
-    413: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
     429: "rate_limit_exceeded",
-    431: "invalid_request_error",
-    502: "server_error",
     503: "server_overloaded",
-    504: "server_error",
 }
 
 
@@ -35,14 +33,25 @@ def error_document(
     status: int, message: str, *, code: str | None, param: str | None = None
 ) -> dict[str, object]:
     """The OpenAI-style error body every answer of the gateway's own carries, as a dict:
-    ``{"error": {"message", "type", "param", "code"}}``, ``type`` following ``status``."""
+    ``{"error": {"message", "type", "param", "code"}}``, ``type`` following ``status``
+    (``error_type``)."""
     error = {
         "message": message,
-        "type": _ERROR_TYPES.get(status, "error"),
+        "type": error_type(status),
         "param": param,
         "code": code,
     }
     return {"error": error}
+
+
+def error_type(status: int) -> str:
+    """The error ``type`` an error body with ``status`` carries: ``authentication_error``
+    (401), ``permission_error`` (403), ``rate_limit_exceeded`` (429), ``server_overloaded``
+    (503), else ``invalid_request_error`` for any other 4xx and ``server_error`` for 5xx."""
+    found = _ERROR_TYPES.get(status)
+    if found is not None:
+        return found
+    return "server_error" if status >= 500 else "invalid_request_error"
 
 
 async def send_json_error(

@@ -25,8 +25,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "capacity",
         help="read or change a running gateway's limit on requests in flight",
         description="Read (get) or change (set N) the limit of a running gateway through its "
-        f"admin API. The token is --token or ${TOKEN_VARIABLE}. In cluster mode any pod "
-        "changes the limit of the whole pool. 0 pauses admissions.",
+        f"admin API. The token is --token or ${TOKEN_VARIABLE}. set N sets the operator's "
+        "limit, the ceiling; both print the limit in force, which a computed capacity "
+        "provider (kv-pressure, adaptive) may hold below the ceiling. In cluster mode any "
+        "pod changes the ceiling of the whole pool. 0 pauses admissions.",
         formatter_class=DefaultsShown,
     )
     parser.add_argument("action", choices=["get", "set"], help="get the limit, or set it")
@@ -38,13 +40,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Prints the limit on stdout; a failure is one line on stderr and exit status 1 (2
-    for a command line that cannot work)."""
+    """Prints the limit in force on stdout, for ``set`` too (what ``get`` prints from then
+    on); when ``set`` leaves it below the ceiling it set (a computed capacity provider is
+    lower), one line on stderr says so. A failure is one line on stderr and exit status 1
+    (2 for a command line that cannot work)."""
     if args.action == "set" and args.limit is None:
         return _fail("set needs the new limit: obleth capacity set N", status=2)
     if args.action == "get" and args.limit is not None:
         return _fail("get takes no limit: obleth capacity get", status=2)
-    token = args.token or os.environ.get(TOKEN_VARIABLE)
+    # as the gateway reads it: a Secret mounted from a file ends with a newline, which
+    # is no part of the token (and no header may carry it)
+    token = (args.token or os.environ.get(TOKEN_VARIABLE) or "").strip()
     if not token:
         return _fail(f"no admin token: pass --token or set {TOKEN_VARIABLE}", status=2)
     url = args.url.rstrip("/") + CAPACITY_PATH
@@ -65,6 +71,13 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(limit, int):
         return _fail(f"{url}: the answer holds no max_in_flight; is this an Obleth admin API?")
     print(limit)
+    ceiling = document.get("ceiling")
+    if isinstance(ceiling, int) and ceiling != limit:
+        print(
+            f"obleth capacity: the ceiling is now {ceiling}; the limit in force is {limit}, "
+            "the lowest of the capacity providers (GET /api/v1/status shows each)",
+            file=sys.stderr,
+        )
     return 0
 
 

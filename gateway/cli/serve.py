@@ -85,8 +85,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--admin-port",
         type=tcp_port,
         default=ADMIN_PORT,
-        help="port of the admin API, on the same interface; served only when "
-        "OBLETH_ADMIN_TOKEN is set",
+        help="port of the admin API (and of /healthz and /readyz again), on the same "
+        "interface, not --port's; served only when OBLETH_ADMIN_TOKEN is set",
     )
     parser.add_argument(
         "--workers",
@@ -163,12 +163,24 @@ def build_app(settings: Settings, *, export: PrometheusExport | None = None) -> 
         trusted_proxies=settings.trusted_proxies,
         answered=gateway.answers.count,
     )
-    gated = GatewayMiddleware(proxy, gateway=gateway)
-    timed = BodyTimeout(gated, timeout_s=settings.client_body_timeout_s)
+    timed = _body_timed(GatewayMiddleware(proxy, gateway=gateway), settings)
     readings = gateway.readings
     catalog = ModelCatalog(settings.upstreams, healthy=lambda url: readings.get(url).healthy)
     listed = ModelList(timed, catalog, retry_after_s=settings.retry_after_s)
     return Probes(listed, gateway, export.render)
+
+
+def build_admin_app(settings: Settings, gateway: Gateway) -> Probes:
+    """What ``obleth serve`` serves on ``--admin-port``: the probes (``/healthz``,
+    ``/readyz``, the same as on the gateway's port) and the admin API over ``gateway``,
+    with the gateway port's body timeout. Serve it with ``server_options(settings)`` too:
+    a client dribbling its request head or a ``PUT`` body is cut off here as there."""
+    return Probes(_body_timed(admin_app(gateway), settings), gateway)
+
+
+def _body_timed(app: ASGIApp, settings: Settings) -> BodyTimeout:
+    """``app`` with every pause of a request body bounded by ``client_body_timeout_s``."""
+    return BodyTimeout(app, timeout_s=settings.client_body_timeout_s)
 
 
 def server_options(settings: Settings) -> dict[str, Any]:
@@ -216,6 +228,14 @@ def run(args: argparse.Namespace) -> int:
     tracing = None
     with _naming_flags(plan.overrides):
         settings = Settings.from_env(**plan.overrides)
+        admin = settings.admin_token is not None
+        if admin and plan.admin_port == plan.port:
+            raise ConfigError(
+                "--admin-port",
+                plan.admin_port,
+                f"the same port as --port ({plan.port}); the admin API listens on a port of "
+                "its own: give --port and --admin-port different ports",
+            )
         if workers > 1:
             _check_one_budget(settings, workers)
             # only to stop on a bad setting or plugin here, once: each worker builds its own
@@ -223,8 +243,11 @@ def run(args: argparse.Namespace) -> int:
         else:
             tracing = install_tracing()
             app = build_app(settings, export=install_prometheus_export())
+    bound = _listen(plan, admin, workers)
+    if bound is None:
+        return STARTUP_FAILURE
+    own, shared = bound
     upstreams = ", ".join(str(u) for u in settings.upstreams)
-    admin = settings.admin_token is not None
     processes = (
         f"{workers} worker processes sharing one budget in Redis (pool {settings.pool!r}); "
         if workers > 1
@@ -241,10 +264,15 @@ def run(args: argparse.Namespace) -> int:
         ),
         file=sys.stderr,
     )
-    if workers > 1:
-        return _serve_workers(plan, admin, workers)
-    serve(_servers(plan, settings, app, tracing))
-    return 0
+    try:
+        if workers > 1:
+            slots = [[sock, *shared] for sock in own]
+            return Workers(_worker, (plan,), slots, stop_timeout_s=GRACEFUL_S + 5).run()
+        serve(_servers(plan, settings, app, tracing), [*own, *shared])
+        return 0
+    finally:
+        for sock in (*own, *shared):
+            sock.close()
 
 
 def _check_one_budget(settings: Settings, workers: int) -> None:
@@ -266,66 +294,53 @@ def _check_one_budget(settings: Settings, workers: int) -> None:
 def _servers(
     plan: _Plan, settings: Settings, app: Probes, tracing: TracerProvider | None
 ) -> list[uvicorn.Server]:
-    """The gateway's uvicorn server and, when the admin API is on, the admin API's."""
+    """The gateway's uvicorn server and, when the admin API is on, the admin API's: the
+    same bounds on request heads and bodies on both."""
     common: dict[str, Any] = {
         "host": plan.host,
         "log_level": plan.log_level,
         "timeout_graceful_shutdown": GRACEFUL_S,
+        # one access logger for both servers (uvicorn's is process-wide): --access-log
+        # decides; capacity changes are logged by obleth.admin anyway
+        "access_log": plan.access_log,
+        **server_options(settings),
     }
-    servers = [
-        uvicorn.Server(
-            uvicorn.Config(
-                app if tracing is None else _AfterShutdown(app, tracing.shutdown),
-                port=plan.port,
-                access_log=plan.access_log,
-                lifespan="on",
-                **common,
-                **server_options(settings),
-            )
-        )
-    ]
+    gateway_app = app if tracing is None else _AfterShutdown(app, tracing.shutdown)
+    servers = [uvicorn.Server(uvicorn.Config(gateway_app, port=plan.port, lifespan="on", **common))]
     if settings.admin_token is not None:
         # its own listener: operators reach it however busy the gateway's port is
+        admin = build_admin_app(settings, app.gateway)
         servers.append(
-            uvicorn.Server(
-                uvicorn.Config(
-                    admin_app(app.gateway),
-                    port=plan.admin_port,
-                    # one access logger for both servers (uvicorn's is process-wide):
-                    # --access-log decides; capacity changes are logged by obleth.admin anyway
-                    access_log=plan.access_log,
-                    lifespan="off",
-                    proxy_headers=False,
-                    **common,
-                )
-            )
+            uvicorn.Server(uvicorn.Config(admin, port=plan.admin_port, lifespan="off", **common))
         )
     return servers
 
 
-def _serve_workers(plan: _Plan, admin: bool, workers: int) -> int:
-    """``--workers N``: bind the gateway's sockets (one per worker, see
-    ``gateway.server.workers``) and the admin API's here, and serve them from ``workers``
-    supervised processes."""
+def _listen(
+    plan: _Plan, admin: bool, workers: int
+) -> tuple[list[socket.socket], list[socket.socket]] | None:
+    """The gateway's sockets, one per worker process (see ``gateway.server.workers``), and
+    the admin API's when it is on, bound here before anything is served; None when a port
+    is taken, after one line on stderr naming it and its flag (rather than a server that
+    stops with a traceback once the other has started)."""
     own: list[socket.socket] = []
-    shared: list[socket.socket] = []
     try:
-        try:
+        if workers > 1:
             own = worker_sockets(plan.host, plan.port, workers)
-            if admin:
-                shared.append(listening_socket(plan.host, plan.admin_port))
-        except OSError as exc:
-            port = plan.admin_port if own else plan.port
-            print(
-                f"obleth serve: cannot listen on {plan.host}:{port}: {exc.strerror or exc}",
-                file=sys.stderr,
-            )
-            return STARTUP_FAILURE
-        slots = [[sock, *shared] for sock in own]
-        return Workers(_worker, (plan,), slots, stop_timeout_s=GRACEFUL_S + 5).run()
-    finally:
-        for sock in (*own, *shared):
+        else:
+            own = [listening_socket(plan.host, plan.port)]
+        shared = [listening_socket(plan.host, plan.admin_port)] if admin else []
+    except OSError as exc:
+        for sock in own:
             sock.close()
+        flag, port = ("--admin-port", plan.admin_port) if own else ("--port", plan.port)
+        print(
+            f"obleth serve: cannot listen on {plan.host}:{port}: {exc.strerror or exc}; "
+            f"give {flag} a port that is free",
+            file=sys.stderr,
+        )
+        return None
+    return own, shared
 
 
 def _worker(plan: _Plan, sockets: list[socket.socket]) -> None:

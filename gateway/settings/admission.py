@@ -136,7 +136,8 @@ class AdmissionSettings(Declared):
         doc="Paths that are never admission-controlled, exactly or as a prefix followed by "
         "`/`: the probes, metrics, the admin API and its dashboard, which operators need "
         "during overload. "
-        "A path with a `.` or `..` segment (`/healthz/../v1/completions`) never counts.",
+        "A path with a `.` or `..` segment (`/healthz/../v1/completions`) never counts. "
+        "Matched below the ASGI root path (`uvicorn --root-path /gw`: `/gw/healthz`).",
         parse=parsers.env_list,
         check=checks.check_paths,
     )

@@ -17,7 +17,10 @@ from gateway import Gateway, Settings
 from gateway.admin.status import status
 from gateway.core.tickets import Ticket
 from tests.admin.client import BEARER, TOKEN, admin
-from tests.backends.redis_pods import Pods, eventually
+from tests.backends.dial import Dial, DialPlugin
+from tests.backends.redis_pods import POD_SETTINGS, TTL, Pods, eventually
+
+CAPACITY = "/api/v1/capacity"
 
 pytestmark = pytest.mark.anyio
 
@@ -35,8 +38,9 @@ async def started(**settings: Any) -> AsyncIterator[Gateway]:
 async def test_an_operator_reads_and_changes_the_limit_live(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """GET answers the limit in force; PUT changes it at once, and the log says old -> new,
-    who asked and a short hash of the token, never the token."""
+    """GET answers the limit in force; PUT changes it at once, and the log says the old and
+    new ceiling, the limit in force, who asked and a short hash of the token, never the
+    token."""
     caplog.set_level(logging.WARNING, "obleth.admin")
     async with (
         started(global_max_in_flight=4, admin_token=TOKEN) as gateway,
@@ -45,12 +49,103 @@ async def test_an_operator_reads_and_changes_the_limit_live(
         read = await client.get("/api/v1/capacity", headers=BEARER)
         assert (read.status_code, read.json()) == (200, {"max_in_flight": 4})
         changed = await client.put("/api/v1/capacity", headers=BEARER, json={"max_in_flight": 300})
-        assert (changed.status_code, changed.json()) == (200, {"max_in_flight": 300})
+        assert (changed.status_code, changed.json()) == (
+            200,
+            {"max_in_flight": 300, "ceiling": 300},
+        )
         assert gateway.capacity.current() == 300
         again = await client.get("/api/v1/capacity", headers=BEARER)
         assert again.json() == {"max_in_flight": 300}
-    assert "max_in_flight 4 -> 300, by 127.0.0.1:" in caplog.text
+    assert "ceiling 4 -> 300 (limit in force 300), by 127.0.0.1:" in caplog.text
     assert TOKEN not in caplog.text
+
+
+async def test_a_put_answers_the_limit_in_force_and_the_ceiling_it_set(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """PUT sets the operator's ceiling; with a computed provider below it the limit in
+    force stays that provider's value: the answer says both, GET right after agrees with
+    its ``max_in_flight``, and the log names the old and new ceiling and the limit."""
+    caplog.set_level(logging.WARNING, "obleth.admin")
+    settings = Settings(
+        global_max_in_flight=10, admin_token=TOKEN, capacity_providers=("static", "dial")
+    )
+    gateway = Gateway(settings, plugins=[DialPlugin(Dial(20))], entry_points=False)
+    await gateway.start()
+    try:
+        async with admin(gateway) as client:
+            raised = await client.put(CAPACITY, headers=BEARER, json={"max_in_flight": 300})
+            assert (raised.status_code, raised.json()) == (
+                200,
+                {"max_in_flight": 20, "ceiling": 300},
+            )
+            assert (await client.get(CAPACITY, headers=BEARER)).json() == {"max_in_flight": 20}
+            cut = await client.put(CAPACITY, headers=BEARER, json={"max_in_flight": 5})
+            assert cut.json() == {"max_in_flight": 5, "ceiling": 5}
+            assert (await client.get(CAPACITY, headers=BEARER)).json() == {"max_in_flight": 5}
+    finally:
+        await gateway.stop()
+    assert "ceiling 10 -> 300 (limit in force 20), by 127.0.0.1:" in caplog.text
+    assert "ceiling 300 -> 5 (limit in force 5)" in caplog.text
+
+
+async def test_in_cluster_mode_a_get_right_after_a_put_agrees_with_it(
+    redis_url: str, pool_name: str
+) -> None:
+    """The PUT answers once Redis has taken the new ceiling: its ``max_in_flight`` is the
+    pool's limit with it (the leader's computed value when lower), and a GET on the same
+    pod at once answers the same, not the limit before the PUT."""
+    settings = Settings(
+        redis_url=redis_url,
+        pool=pool_name,
+        admin_token=TOKEN,
+        capacity_providers=("static", "dial"),
+        global_max_in_flight=10,
+        **POD_SETTINGS,
+    )
+    gateway = Gateway(settings, plugins=[DialPlugin(Dial(4))], entry_points=False)
+    await gateway.start()
+    try:
+
+        async def heard() -> bool:
+            return gateway.snapshot().limit == 4  # the pool has the leader's value
+
+        assert await eventually(heard, 3 * TTL)
+        async with admin(gateway) as client:
+            for ceiling, in_force in ((30, 4), (2, 2), (8, 4), (0, 0)):
+                put = await client.put(CAPACITY, headers=BEARER, json={"max_in_flight": ceiling})
+                assert put.json() == {"max_in_flight": in_force, "ceiling": ceiling}
+                read = await client.get(CAPACITY, headers=BEARER)
+                assert read.json() == {"max_in_flight": in_force}
+    finally:
+        await gateway.stop()
+
+
+async def test_every_error_has_the_openai_style_type_of_its_status() -> None:
+    """Clients sort errors by ``type``: a bad token is an ``authentication_error``, every
+    other refusal of the admin API an ``invalid_request_error``, never a bare ``error``."""
+    async with (
+        started(global_max_in_flight=4, admin_token=TOKEN) as gateway,
+        admin(gateway) as client,
+    ):
+        answers = [
+            await client.get(CAPACITY),
+            await client.get("/api/v1/nowhere", headers=BEARER),
+            await client.post(CAPACITY, headers=BEARER),
+            await client.put(CAPACITY, headers=BEARER, content=b" " * 5000),
+            await client.put(CAPACITY, headers=BEARER, content=b"{}"),
+        ]
+        gateway.providers["second"] = gateway.providers["static"]  # two that can be set
+        answers.append(await client.put(CAPACITY, headers=BEARER, json={"max_in_flight": 9}))
+    types = {answer.status_code: answer.json()["error"]["type"] for answer in answers}
+    assert types == {
+        401: "authentication_error",
+        404: "invalid_request_error",
+        405: "invalid_request_error",
+        413: "invalid_request_error",
+        422: "invalid_request_error",
+        409: "invalid_request_error",
+    }
 
 
 async def test_zero_pauses_admissions_until_the_limit_is_raised() -> None:
@@ -59,7 +154,7 @@ async def test_zero_pauses_admissions_until_the_limit_is_raised() -> None:
         admin(gateway) as client,
     ):
         paused = await client.put("/api/v1/capacity", headers=BEARER, json={"max_in_flight": 0})
-        assert paused.json() == {"max_in_flight": 0}
+        assert paused.json() == {"max_in_flight": 0, "ceiling": 0}
         waiting = asyncio.create_task(gateway.scheduler.acquire(Ticket("t")))
         for _ in range(20):
             await asyncio.sleep(0)
@@ -157,7 +252,7 @@ async def test_in_cluster_mode_one_put_changes_every_pod_and_survives_a_restart(
         b = await pods.start()
         async with admin(a) as client:
             put = await client.put("/api/v1/capacity", headers=BEARER, json={"max_in_flight": 30})
-            assert put.json() == {"max_in_flight": 30}
+            assert put.json() == {"max_in_flight": 30, "ceiling": 30}
 
         async def told() -> bool:
             return b.snapshot().limit == 30
@@ -217,7 +312,7 @@ async def test_mounted_under_a_prefix_of_the_application_its_paths_are_read_belo
         paused = await client.put(
             "/admin/api/v1/capacity", headers=BEARER, json={"max_in_flight": 0}
         )
-        assert paused.json() == {"max_in_flight": 0}
+        assert paused.json() == {"max_in_flight": 0, "ceiling": 0}
         assert (await client.get("/")).status_code == 503  # the app's own route: paused
         answer = await client.get("/admin/api/v1/capacity", headers=BEARER)
         assert answer.json() == {"max_in_flight": 0}

@@ -465,6 +465,35 @@ async def test_the_set_button_changes_the_limit_and_says_why_when_it_cannot(
         assert "pauses admissions" in asked
 
 
+async def test_a_ceiling_above_a_computed_limit_is_shown_as_what_it_is(tmp_path: Path) -> None:
+    """In a browser: with a computed provider at 20, setting 300 sets the ceiling; the page
+    says so and that the limit in force stays 20, not that the limit is 300."""
+    async with (
+        served(
+            plugins=[DialPlugin(Dial(20))],
+            global_max_in_flight=10,
+            admin_token=TOKEN,
+            capacity_providers=("static", "dial"),
+        ) as (gateway, url),
+        DevTools.open(tmp_path / "profile") as page,
+    ):
+        await page.call("Page.navigate", url=f"{url}/dashboard#token={TOKEN}")
+        await page.text_once("limit", lambda text: text == "10")
+        await page.evaluate("""(() => {
+            const input = document.getElementById("capacity-input");
+            input.value = "300";
+            input.dispatchEvent(new Event("input"));
+            document.getElementById("capacity-set").click();
+        })()""")
+        said = await page.text_once("capacity-message", bool)
+        assert said == (
+            "The ceiling is now 300; the limit in force is 20, the lowest of the capacity "
+            "providers."
+        )
+        assert gateway.snapshot().limit == 20
+        await page.text_once("limit", lambda text: text == "20")
+
+
 class Demand:
     """Requests a test makes through ``gateway``'s scheduler: some hold seats, some wait."""
 

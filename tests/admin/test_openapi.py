@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urljoin
 
 import httpx
 import pytest
@@ -15,7 +16,7 @@ import schemathesis
 from gateway import Gateway, Settings
 from gateway.admin import admin_app, api, contract, openapi
 from gateway.core.tickets import Ticket
-from gateway.loopback import serve_in_thread
+from gateway.loopback import serve_in_task, serve_in_thread
 from gateway.routing.decisions import ROUTED
 from gateway.types import ASGIApp, Receive, Scope, Send
 from tests.admin.client import BEARER, TOKEN, admin
@@ -123,6 +124,34 @@ async def test_the_document_needs_no_token_and_names_every_path() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("prefix", ["", "/admin"])
+async def test_a_client_built_from_the_document_calls_the_api_where_it_was_loaded(
+    prefix: str,
+) -> None:
+    """The document's server is relative to its own URL, so that a client generator or an
+    API explorer loading it from an API mounted under a prefix (``Mount("/admin", ...)``,
+    as docs/operations.md shows) calls the API under that prefix, and at the root when
+    it is served on a port of its own."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    gateway = Gateway(Settings(global_max_in_flight=6, admin_token=TOKEN), entry_points=False)
+    app = admin_app(gateway)
+    served = Starlette(routes=[Mount(prefix, app=app)]) if prefix else app
+    async with (
+        serve_in_task(served, lifespan="off") as server,
+        httpx.AsyncClient(trust_env=False) as client,
+    ):
+        document_url = f"{server.url}{prefix}{openapi.OPENAPI_PATH}"
+        document = (await client.get(document_url)).json()
+        (server_entry,) = document["servers"]
+        base = urljoin(document_url, server_entry["url"]).rstrip("/")
+        assert base == server.url + prefix
+        answer = await client.get(base + contract.CAPACITY_PATH, headers=BEARER)
+        assert (answer.status_code, answer.json()) == (200, {"max_in_flight": 6})
+
+
+@pytest.mark.anyio
 async def test_without_a_token_the_document_is_not_served_either() -> None:
     async with admin(Gateway(Settings(), entry_points=False)) as client:
         assert (await client.get(openapi.OPENAPI_PATH)).status_code == 404
@@ -135,7 +164,7 @@ async def test_a_whole_number_written_with_a_decimal_point_is_a_whole_number() -
     async with admin(gateway) as client:
         body = b'{"max_in_flight": 300.0}'
         answer = await client.put(contract.CAPACITY_PATH, headers=BEARER, content=body)
-        assert (answer.status_code, answer.json()) == (200, {"max_in_flight": 300})
+        assert (answer.status_code, answer.json()) == (200, {"max_in_flight": 300, "ceiling": 300})
         assert gateway.capacity.current() == 300
 
 

@@ -12,6 +12,7 @@ import pytest
 from gateway import Gateway, Settings
 from gateway.admin import admin_app
 from gateway.loopback import serve_in_thread
+from tests.backends.dial import Dial, DialPlugin
 from tests.cluster.pods import free_port
 
 TOKEN = "cli-admin-token-0123456789"
@@ -45,6 +46,34 @@ def test_get_and_set_print_the_limit(admin_url: tuple[str, Gateway]) -> None:
     assert (done.returncode, done.stdout) == (0, "40\n")
     assert gateway.capacity.current() == 40
     assert obleth("get", "--url", url, "--token", TOKEN, token=None).stdout == "40\n"
+
+
+def test_a_token_read_from_a_file_with_its_newline_is_accepted(
+    admin_url: tuple[str, Gateway],
+) -> None:
+    """A Kubernetes Secret mounted from a file ends with a newline; the gateway strips it
+    from ``OBLETH_ADMIN_TOKEN``, and so does the command."""
+    url, gateway = admin_url
+    assert obleth("get", "--url", url, token=TOKEN + "\n").stdout == "5\n"
+    done = obleth("set", "9", "--url", url, "--token", f" {TOKEN}\n", token=None)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "9\n", "")
+    assert gateway.capacity.current() == 9
+
+
+def test_set_prints_the_limit_in_force_and_says_when_it_is_below_the_ceiling() -> None:
+    """With a computed capacity provider at 3, ``set 40`` sets the ceiling and prints the
+    limit in force, as ``get`` does, with one line on stderr saying why it is lower."""
+    settings = Settings(
+        global_max_in_flight=5, admin_token=TOKEN, capacity_providers=("static", "dial")
+    )
+    gateway = Gateway(settings, plugins=[DialPlugin(Dial(3))], entry_points=False)
+    with serve_in_thread(admin_app(gateway), lifespan="off") as server:
+        done = obleth("set", "40", "--url", server.url)
+        read = obleth("get", "--url", server.url)
+    assert (done.returncode, done.stdout, read.stdout) == (0, "3\n", "3\n")
+    assert done.stderr.count("\n") == 1
+    assert "the ceiling is now 40; the limit in force is 3" in done.stderr
+    assert gateway.provider_limits() == {"static": 40, "dial": 3}
 
 
 @pytest.mark.parametrize(
