@@ -212,6 +212,7 @@ async def test_a_hanging_upstream_does_not_hold_back_the_others_and_turns_unheal
         kv_usage=0.5,
         at=before[stuck_server.url].at,
         engine="vllm",
+        models=frozenset({"m"}),
     )
 
 
