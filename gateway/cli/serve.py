@@ -162,6 +162,8 @@ def build_app(settings: Settings, *, export: PrometheusExport | None = None) -> 
         read_timeout_s=settings.upstream_read_timeout_s,
         trusted_proxies=settings.trusted_proxies,
         answered=gateway.answers.count,
+        # a response's head lines may be as long as a request's head
+        max_header_bytes=settings.max_header_bytes,
     )
     timed = _body_timed(GatewayMiddleware(proxy, gateway=gateway), settings)
     readings = gateway.readings

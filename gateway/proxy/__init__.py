@@ -7,10 +7,14 @@
                   Reroutable, the router's handle the proxy retries through
     exchange.py   one request relayed both ways: streaming, disconnects, timeouts,
                   upstream failures and the one retry on the next-best upstream
+    retries.py    which failures and statuses that retry is for, by method
     deadlines.py  the waits on the upstream an exchange bounds: the body it must take,
-                  the silence between two chunks of its answer
+                  the answer's headers, the silence between two chunks of its answer
     inbound.py    the client's side of an exchange: its body, its disconnect
-    headers.py    which headers cross the proxy (not the hop-by-hop ones)
+    outbound.py   the upstream's side: the request each attempt sends, what it got,
+                  the hang-up
+    headers.py    which headers cross the proxy (not the hop-by-hop ones), and how
+                  their bytes are handed to the HTTP client
     forwarding.py the X-Forwarded-* headers written for the upstream, and the peers
                   (trusted proxies) whose own are believed
     client.py     the pooled HTTP client shared by all requests, and the answers to an

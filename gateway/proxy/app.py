@@ -11,7 +11,7 @@ import aiohttp
 from gateway.asgi.responses import send_json_error
 from gateway.core.networks import ProxyListError, parse_networks
 from gateway.errors import ConfigError
-from gateway.proxy.client import upstream_session
+from gateway.proxy.client import MAX_HEADER_BYTES, upstream_session
 from gateway.proxy.exchange import RETRY_BODY_BYTES, Answered, forward
 from gateway.proxy.forwarding import TrustedProxies
 from gateway.proxy.upstream import (
@@ -50,19 +50,25 @@ class ProxyApp:
     ``upstream`` configured and none routed) is answered 503 ``no_upstream``.
 
     With a ``Reroutable`` in the scope, a request that failed upstream before anything was
-    sent to the client is sent once more, to the route's next-best upstream; without one,
-    there is no retry. Options, in seconds where they are times:
+    sent to the client, and that the upstream provably did not run (or whose method is
+    idempotent; see ``gateway.proxy.retries``), is sent once more, to the route's
+    next-best upstream; without one, there is no retry. Options, in seconds where they are times:
 
     - ``connect_timeout_s``: connecting, and waiting for a free pooled connection.
     - ``response_timeout_s``: from the request written to the response headers received;
       exceeded, 504 ``upstream_timeout`` and no retry. A non-streamed completion gets its
       headers only with the whole answer, so for those this bounds the generation too.
-      None: no limit.
+      Also the longest the upstream may take none of a streamed request body, before or
+      after it started answering (after, the response is cut short). None: no limit.
     - ``read_timeout_s``: the longest silence between two response body chunks; exceeded,
       the response is cut short. None: no limit.
     - ``retry_body_bytes``: a request body up to this size is held in memory so that the
       retry can send it again; a larger body is streamed and its request never retried.
     - ``max_connections``: upstream connections open at once, all upstreams together.
+    - ``max_header_bytes``: the longest status line and header line of a response the
+      proxy reads (give it the bound on request heads, so an upstream may answer with
+      headers as large as the client sent); a response over it is answered 502
+      ``upstream_bad_response``, and never retried (the request ran).
     - ``trusted_proxies``: IP addresses or CIDR networks of the peers (load balancers,
       other proxies) whose ``X-Forwarded-*`` and ``Forwarded`` headers are believed; see
       ``gateway.proxy.forwarding`` for the headers every forwarded request carries.
@@ -87,6 +93,7 @@ class ProxyApp:
         read_timeout_s: float | None = None,
         retry_body_bytes: int = RETRY_BODY_BYTES,
         max_connections: int = 1024,
+        max_header_bytes: int = MAX_HEADER_BYTES,
         trusted_proxies: Iterable[str] = (),
         answered: Answered | None = None,
     ) -> None:
@@ -101,6 +108,7 @@ class ProxyApp:
         self._read_timeout_s = _seconds_or_none("read_timeout_s", read_timeout_s)
         self._retry_body_bytes = _count("retry_body_bytes", retry_body_bytes, minimum=0)
         self._max_connections = _count("max_connections", max_connections, minimum=1)
+        self._max_header_bytes = _count("max_header_bytes", max_header_bytes, minimum=1024)
         self._trusted = _trusted("trusted_proxies", trusted_proxies)
         self._answered = answered
         self._client: aiohttp.ClientSession | None = None
@@ -132,7 +140,9 @@ class ProxyApp:
         client = self._client
         if client is None:
             client = self._client = upstream_session(
-                connect_timeout_s=self._connect_timeout_s, max_connections=self._max_connections
+                connect_timeout_s=self._connect_timeout_s,
+                max_connections=self._max_connections,
+                max_header_bytes=self._max_header_bytes,
             )
         return client
 
@@ -201,6 +211,7 @@ def proxy_to(
     read_timeout_s: float | None = None,
     retry_body_bytes: int = RETRY_BODY_BYTES,
     max_connections: int = 1024,
+    max_header_bytes: int = MAX_HEADER_BYTES,
     trusted_proxies: Iterable[str] = (),
 ) -> ProxyApp:
     """The streaming proxy to ``upstream``, ready to wrap:
@@ -212,6 +223,7 @@ def proxy_to(
         read_timeout_s=read_timeout_s,
         retry_body_bytes=retry_body_bytes,
         max_connections=max_connections,
+        max_header_bytes=max_header_bytes,
         trusted_proxies=trusted_proxies,
     )
 

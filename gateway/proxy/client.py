@@ -26,34 +26,51 @@ log = logging.getLogger("obleth.proxy")
 #: headers aiohttp would add of its own: the upstream gets the client's, or none
 _NOT_ADDED = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 
-FailureKind = Literal["unreachable", "exhausted", "timeout", "failed"]
+FailureKind = Literal["unreachable", "exhausted", "timeout", "failed", "malformed"]
 """``unreachable``: no connection could be made (refused, connect timeout); ``exhausted``:
 every pooled connection stayed busy for the connect timeout; ``timeout``: no response
-headers within the response timeout; ``failed``: connected, but the upstream broke the
-exchange before answering (closed, reset, or sent something that is no HTTP)."""
+headers within the response timeout; ``failed``: connected, but the connection broke
+before an answer came (closed, reset); ``malformed``: the upstream answered, with a
+response head the proxy cannot read (no HTTP, or over the session's bounds)."""
 
 
 class UpstreamFailure(Exception):
-    """What an attempt got instead of response headers."""
+    """What an attempt got instead of response headers.
 
-    def __init__(self, kind: FailureKind, detail: str) -> None:
+    ``sent``: whether any of the request had been handed to the connection when it
+    failed. When not, the upstream cannot have run the request, whatever its method.
+    """
+
+    def __init__(self, kind: FailureKind, detail: str, *, sent: bool = True) -> None:
         self.kind: FailureKind = kind
+        self.sent = sent
         super().__init__(detail)
 
 
 class Attempt:
     """Per-request state the session's trace callbacks update (pass it as
-    ``trace_request_ctx``): whether the attempt waits for a pooled connection now, and
-    what to call once the request head is written."""
+    ``trace_request_ctx``): whether the attempt waits for a pooled connection now, whether
+    the request head has been handed to the connection (``sent``; aiohttp says so just
+    before it writes it), and what to call then."""
 
-    __slots__ = ("headers_sent", "queued")
+    __slots__ = ("headers_sent", "queued", "sent")
 
     def __init__(self, headers_sent: Callable[[], None] | None) -> None:
         self.queued = False
+        self.sent = False
         self.headers_sent = headers_sent
 
 
-def upstream_session(*, connect_timeout_s: float, max_connections: int) -> aiohttp.ClientSession:
+MAX_HEADER_BYTES = 64 * 1024
+"""Default bound on a response's status line and on each of its header lines: the default
+``max_header_bytes``, the bound on the request heads the gateway accepts, so an upstream
+may answer with headers as large as the ones the client may send (aiohttp's own default,
+8190 bytes, refused whole answers whose request had run)."""
+
+
+def upstream_session(
+    *, connect_timeout_s: float, max_connections: int, max_header_bytes: int = MAX_HEADER_BYTES
+) -> aiohttp.ClientSession:
     """A session for forwarding: pooled keep-alive connections, no read timeout.
 
     - No read timeout: a completion may stream for minutes. The proxy's own
@@ -68,6 +85,10 @@ def upstream_session(*, connect_timeout_s: float, max_connections: int) -> aioht
       is never decoded (it is relayed as the upstream encoded it), redirects are not
       followed (callers pass ``allow_redirects=False``: they are answers for the client),
       and no header the client did not send is added but ``Host`` and the body's framing.
+    - A response's status line and each of its header lines may take up to
+      ``max_header_bytes``, and it may have as many header lines as fit in that many bytes
+      (aiohttp bounds lines and their count, not the whole head). A response over these
+      bounds fails with ``aiohttp.ClientResponseError``, as one that is no HTTP does.
     """
     trace = aiohttp.TraceConfig(trace_config_ctx_factory=SimpleNamespace)
     trace.on_connection_queued_start.append(_queued)
@@ -86,6 +107,10 @@ def upstream_session(*, connect_timeout_s: float, max_connections: int) -> aioht
         cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=_NOT_ADDED,
         trace_configs=[trace],
+        max_line_size=max_header_bytes,
+        max_field_size=max_header_bytes,
+        # the shortest header line, "a:" and its CRLF, takes 4 bytes
+        max_headers=max_header_bytes // 4,
     )
 
 
@@ -98,7 +123,9 @@ async def _dequeued(session: object, context: SimpleNamespace, params: object) -
 
 
 async def _headers_sent(session: object, context: SimpleNamespace, params: object) -> None:
-    then = context.trace_request_ctx.headers_sent
+    attempt = context.trace_request_ctx
+    attempt.sent = True
+    then = attempt.headers_sent
     if then is not None:
         then()
 
@@ -123,6 +150,11 @@ _FAILURE_ANSWERS = {
         502,
         "upstream_failed",
         "the upstream inference server failed before answering; retry later",
+    ),
+    "malformed": (
+        502,
+        "upstream_bad_response",
+        "the upstream inference server sent an answer the gateway cannot read",
     ),
 }
 

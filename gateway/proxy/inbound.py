@@ -10,21 +10,26 @@ from gateway.types import Message, Receive, Send
 
 
 class Inbound:
-    """The client's side of an exchange: its body for httpx, then its disconnect.
+    """The client's side of an exchange: its body for the HTTP client, then its disconnect.
 
-    ``receive`` is read by one party at a time: by ``content()``, then by httpx while it
-    sends the rest of a body not held whole, then by ``disconnected()``, which waits for
-    the body to be fully relayed before it reads.
+    ``receive`` is read by one party at a time: by ``content()``, then by the HTTP client
+    while it sends the rest of a body not held whole, then by ``disconnected()``, which
+    waits for the body to be fully relayed before it reads. A disconnect that the body's
+    reader gets ends ``disconnected()`` at once: a client that leaves mid-upload is gone
+    whether or not the upstream has started its answer.
     """
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
         self._held = b""
-        self._body_relayed = asyncio.Event()
+        #: set once the body was read to its end, or the client left: either way
+        #: nobody reads the body any more, and ``disconnected()`` may read or return
+        self._body_done = asyncio.Event()
+        self._gone = False
 
     async def content(self, *, hold_up_to: int) -> bytes | Inbound | None:
-        """The request body as httpx should send it: None when there is none, bytes when
-        it was read whole, else this object, an async iterator of its chunks.
+        """The request body as the HTTP client should send it: None when there is none,
+        bytes when it was read whole, else this object, an async iterator of its chunks.
 
         Body messages are read until the body ends (bytes) or more than ``hold_up_to``
         bytes have come in (the iterator, starting with those). With 0, a body that comes
@@ -39,7 +44,7 @@ class Inbound:
             held.append(body)
             size += len(body)
             if not message.get("more_body", False):
-                self._body_relayed.set()
+                self._body_done.set()
                 return b"".join(held) or None
             if size > hold_up_to:
                 self._held = b"".join(held)
@@ -52,10 +57,10 @@ class Inbound:
         held, self._held = self._held, b""
         if held:
             return held
-        while not self._body_relayed.is_set():
+        while not self._body_done.is_set():
             message = await self._next()
             if not message.get("more_body", False):
-                self._body_relayed.set()
+                self._body_done.set()
             chunk: bytes = message.get("body", b"")
             if chunk:
                 return chunk
@@ -63,14 +68,19 @@ class Inbound:
 
     async def disconnected(self) -> None:
         """Returns once the client has gone away (or, on uvicorn, once the response is
-        complete, which then makes no difference)."""
-        await self._body_relayed.wait()
+        complete, which then makes no difference). While the body is still being sent
+        upstream, its reader is the one that sees the disconnect, and this returns then."""
+        await self._body_done.wait()
+        if self._gone:
+            return
         while (await self._receive())["type"] != "http.disconnect":
             pass
 
     async def _next(self) -> Message:
         message = await self._receive()
         if message["type"] == "http.disconnect":
+            self._gone = True
+            self._body_done.set()
             raise Disconnected()
         return message
 

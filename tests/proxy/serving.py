@@ -1,6 +1,6 @@
 """The app ``obleth serve`` runs, with its uvicorn options, on a real server in this
-process in front of an echoing upstream: tests can read the gateway's own state while a
-real HTTP client drives it."""
+process in front of an echoing upstream (or one a test brings): tests can read the
+gateway's own state while a real HTTP client drives it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from gateway.loopback import serve_in_task
 from gateway.scheduler import Scheduler
 from gateway.settings import Settings
 from gateway.telemetry.sdk import PrometheusExport
+from gateway.types import ASGIApp
 from tests.proxy.upstreams import Echo
 
 
@@ -26,7 +27,12 @@ from tests.proxy.upstreams import Echo
 class Served:
     url: str
     app: Probes
-    echo: Echo
+    upstream: ASGIApp
+
+    @property
+    def echo(self) -> Echo:
+        assert isinstance(self.upstream, Echo), "served in front of another upstream"
+        return self.upstream
 
     @property
     def scheduler(self) -> Scheduler:
@@ -34,12 +40,17 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serving(export: PrometheusExport | None = None, **settings: Any) -> AsyncIterator[Served]:
-    """``obleth serve``'s app in front of an ``Echo`` upstream, returned once it routes;
+async def serving(
+    export: PrometheusExport | None = None, *, upstream: ASGIApp | None = None, **settings: Any
+) -> AsyncIterator[Served]:
+    """``obleth serve``'s app in front of ``upstream`` (default: an ``Echo``; another must
+    answer ``GET /metrics`` 200 to count as healthy), returned once it routes;
     ``/metrics`` renders ``export`` (default: a private one)."""
-    echo = Echo()
-    async with serve_in_task(echo, lifespan="off") as upstream:
-        config = Settings(upstreams=[upstream.url], upstream_poll_interval_s=0.05, **settings)
+    app_upstream: ASGIApp = Echo() if upstream is None else upstream
+    async with serve_in_task(app_upstream, lifespan="off") as upstream_server:
+        config = Settings(
+            upstreams=[upstream_server.url], upstream_poll_interval_s=0.05, **settings
+        )
         app = build_app(config, export=export)
         async with (
             serve_in_task(app, **server_options(config)) as server,
@@ -55,4 +66,4 @@ async def serving(export: PrometheusExport | None = None, **settings: Any) -> As
                 await asyncio.sleep(0.02)
             else:
                 pytest.fail("the gateway never saw its upstream healthy")
-            yield Served(server.url, app, echo)
+            yield Served(server.url, app, app_upstream)

@@ -29,6 +29,8 @@ from gateway.proxy import ProxyApp, proxy_to
         ("retry_body_bytes", 1.5),
         ("retry_body_bytes", False),
         ("max_connections", 0),
+        ("max_header_bytes", 1023),
+        ("max_header_bytes", 8192.0),
     ],
 )
 def test_a_bad_option_stops_construction_naming_it(option: str, value: Any) -> None:

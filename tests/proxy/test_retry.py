@@ -1,7 +1,10 @@
-"""One retry on the next-best upstream, before the first byte, through real servers."""
+"""One retry on the next-best upstream, before the first byte, and only when it cannot run
+a generation twice, through real servers."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import httpx
@@ -11,6 +14,7 @@ from gateway.loopback import serve_in_task
 from gateway.proxy import ProxyApp
 from gateway.sim import SimConfig, create_app
 from tests.proxy.upstreams import (
+    WAIT_S,
     Answering,
     FakeRoute,
     breaks_after_first_chunk,
@@ -41,11 +45,11 @@ async def test_a_refused_connection_is_retried_on_the_next_best_upstream(
     assert sim.state.stats.snapshot().completed == 1
 
 
-async def test_a_5xx_before_the_first_byte_is_retried_with_the_same_request(
+async def test_a_503_before_the_first_byte_is_retried_with_the_same_request(
     http: httpx.AsyncClient,
 ) -> None:
     """The next upstream gets the method, path, query, headers and body the first one got."""
-    failing, healthy = Answering("first", 500), Answering("second", 200)
+    failing, healthy = Answering("first", 503), Answering("second", 200)
     async with (
         serve_in_task(failing, lifespan="off") as first,
         serve_in_task(healthy, lifespan="off") as second,
@@ -77,7 +81,7 @@ async def test_when_the_next_upstream_fails_too_its_5xx_is_relayed_without_a_sec
 ) -> None:
     """One retry only: a third upstream, healthy, is never tried."""
     sim = create_app(CONFIG)
-    first, second = Answering("first", 500), Answering("second", 503)
+    first, second = Answering("first", 503), Answering("second", 503)
     async with (
         serve_in_task(first, lifespan="off") as a,
         serve_in_task(second, lifespan="off") as b,
@@ -114,14 +118,14 @@ async def test_with_no_other_upstream_the_5xx_is_relayed_as_the_upstream_sent_it
     http: httpx.AsyncClient,
 ) -> None:
     """The route has nobody to retry on: the client gets the upstream's own answer."""
-    only = Answering("only", 500)
+    only = Answering("only", 503)
     async with serve_in_task(only, lifespan="off") as upstream:
         route = FakeRoute(upstream.url)
         async with serve_in_task(routed(ProxyApp(), route)) as proxy:
             response = await http.post(f"{proxy.url}/v1/completions", json=COMPLETION)
 
-    assert response.status_code == 500
-    assert response.json() == {"upstream": "only", "status": 500}
+    assert response.status_code == 503
+    assert response.json() == {"upstream": "only", "status": 503}
     assert route.reroutes == 1
     assert len(only.received) == 1
 
@@ -150,7 +154,7 @@ async def test_only_a_body_within_retry_body_bytes_is_sent_again(
         for start in range(0, size, 16):
             yield body[start : min(start + 16, size)]
 
-    failing, healthy = Answering("first", 500), Answering("second", 200)
+    failing, healthy = Answering("first", 503), Answering("second", 200)
     async with (
         serve_in_task(failing, lifespan="off") as first,
         serve_in_task(healthy, lifespan="off") as second,
@@ -159,7 +163,7 @@ async def test_only_a_body_within_retry_body_bytes_is_sent_again(
         async with serve_in_task(routed(ProxyApp(retry_body_bytes=64), route)) as proxy:
             response = await http.post(f"{proxy.url}/v1/completions", content=pieces())
 
-    assert response.status_code == (200 if retried else 500)
+    assert response.status_code == (200 if retried else 503)
     assert route.reroutes == (1 if retried else 0)
     assert [r.body for r in failing.received] == [body[:size]]
     assert [r.body for r in healthy.received] == ([body[:size]] if retried else [])
@@ -200,3 +204,101 @@ async def test_a_route_without_an_upstream_key_is_followed_by_its_own_upstream(
     assert response.status_code == 200
     assert route.reroutes == 0
     assert sim.state.stats.snapshot().completed == 1
+
+
+@pytest.mark.parametrize("status", [500, 502, 504])
+async def test_a_post_answered_500_502_or_504_is_relayed_and_never_run_again(
+    http: httpx.AsyncClient, status: int
+) -> None:
+    """The upstream (or a gateway in front of it) may have run the completion, or run it
+    still: the client gets that answer, and no other upstream runs it a second time (a
+    5xx on a POST used to be retried)."""
+    failing, healthy = Answering("first", status), Answering("second", 200)
+    async with (
+        serve_in_task(failing, lifespan="off") as first,
+        serve_in_task(healthy, lifespan="off") as second,
+    ):
+        route = FakeRoute(first.url, second.url)
+        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
+            response = await http.post(f"{proxy.url}/v1/completions", json=COMPLETION)
+
+    assert response.status_code == status
+    assert response.json() == {"upstream": "first", "status": status}
+    assert route.reroutes == 0
+    assert (len(failing.received), len(healthy.received)) == (1, 0)
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+async def test_an_idempotent_request_answered_500_is_retried(
+    http: httpx.AsyncClient, method: str
+) -> None:
+    """A method that may run twice by definition (RFC 9110) still gets its retry on any
+    5xx."""
+    failing, healthy = Answering("first", 500), Answering("second", 200)
+    async with (
+        serve_in_task(failing, lifespan="off") as first,
+        serve_in_task(healthy, lifespan="off") as second,
+    ):
+        route = FakeRoute(first.url, second.url)
+        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
+            response = await http.request(method, f"{proxy.url}/v1/files/f-1")
+
+    assert response.status_code == 200
+    assert response.json() == {"upstream": "second", "status": 200}
+    assert route.reroutes == 1
+    assert [r.method for r in healthy.received] == [method]
+
+
+class HangingUp:
+    """A raw upstream that reads a request (head, and a body of its Content-Length) and
+    closes the connection without answering, as a server that crashed on it does;
+    ``requests`` counts the requests it read."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(WAIT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+                for line in head.lower().split(b"\r\n"):
+                    if line.startswith(b"content-length:"):
+                        await reader.readexactly(int(line.partition(b":")[2]))
+                self.requests += 1
+        finally:
+            writer.close()
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[str]:
+        server = await asyncio.start_server(self.accept, "127.0.0.1", 0)
+        try:
+            yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        finally:
+            server.close()
+
+
+@pytest.mark.parametrize(("method", "retried"), [("POST", False), ("GET", True)])
+async def test_a_connection_broken_after_the_request_was_sent_is_retried_only_if_idempotent(
+    http: httpx.AsyncClient, method: str, retried: bool
+) -> None:
+    """The upstream read the request, then closed without answering: it may have started
+    the generation, so a POST gets 502 ``upstream_failed`` and runs nowhere else; a GET
+    goes to the next upstream."""
+    hanging, healthy = HangingUp(), Answering("second", 200)
+    async with hanging.serving() as first, serve_in_task(healthy, lifespan="off") as second:
+        route = FakeRoute(first, second.url)
+        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
+            response = await http.request(
+                method, f"{proxy.url}/v1/completions", content=b'{"prompt": "hi"}'
+            )
+
+    # a POST ran there once; aiohttp itself sends an idempotent request to the same
+    # upstream once more first (RFC 9112 section 9.3.1), before the proxy moves on
+    assert hanging.requests >= 1 if retried else hanging.requests == 1
+    assert route.reroutes == (1 if retried else 0)
+    assert len(healthy.received) == (1 if retried else 0)
+    if retried:
+        assert response.status_code == 200
+    else:
+        assert response.status_code == 502
+        assert response.json()["error"]["code"] == "upstream_failed"

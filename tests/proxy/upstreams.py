@@ -275,3 +275,39 @@ class Echo:
 def header_values(answer: dict[str, Any], name: str) -> list[str]:
     """The values of header ``name`` (lower case) in an ``Echo`` answer, in order."""
     return [value for header, value in answer["headers"] if header == name]
+
+
+class Duplex:
+    """An upstream that answers a POST at once, before it has read the body, and then
+    sends one event per body message it reads (``data: got N``, N the bytes read so far),
+    and ``data: [DONE]`` after the last: like a transcription streamed while the audio is
+    still uploading. Any other request gets an empty 200 (so ``/health`` and ``/metrics``
+    make it healthy).
+
+    ``received`` counts the body bytes read so far; ``left`` is set when it sees the
+    disconnect before the body ended.
+    """
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.left = asyncio.Event()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] != "POST":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.left.set()
+                return
+            self.received += len(message.get("body", b""))
+            event = b"data: got %d\n\n" % self.received
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            if not message.get("more_body", False):
+                break
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
