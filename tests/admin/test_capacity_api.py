@@ -16,9 +16,9 @@ import pytest
 from gateway import Gateway, Settings
 from gateway.admin.status import status
 from gateway.core.tickets import Ticket
-from tests.admin.client import BEARER, TOKEN, admin
+from tests.admin.client import BEARER, TOKEN, admin, dialled_pod
 from tests.backends.dial import Dial, DialPlugin
-from tests.backends.redis_pods import POD_SETTINGS, TTL, Pods, eventually
+from tests.backends.redis_pods import TTL, Pods, eventually
 
 CAPACITY = "/api/v1/capacity"
 
@@ -95,17 +95,7 @@ async def test_in_cluster_mode_a_get_right_after_a_put_agrees_with_it(
     """The PUT answers once Redis has taken the new ceiling: its ``max_in_flight`` is the
     pool's limit with it (the leader's computed value when lower), and a GET on the same
     pod at once answers the same, not the limit before the PUT."""
-    settings = Settings(
-        redis_url=redis_url,
-        pool=pool_name,
-        admin_token=TOKEN,
-        capacity_providers=("static", "dial"),
-        global_max_in_flight=10,
-        **POD_SETTINGS,
-    )
-    gateway = Gateway(settings, plugins=[DialPlugin(Dial(4))], entry_points=False)
-    await gateway.start()
-    try:
+    async with dialled_pod(redis_url, pool_name) as gateway:
 
         async def heard() -> bool:
             return gateway.snapshot().limit == 4  # the pool has the leader's value
@@ -117,8 +107,6 @@ async def test_in_cluster_mode_a_get_right_after_a_put_agrees_with_it(
                 assert put.json() == {"max_in_flight": in_force, "ceiling": ceiling}
                 read = await client.get(CAPACITY, headers=BEARER)
                 assert read.json() == {"max_in_flight": in_force}
-    finally:
-        await gateway.stop()
 
 
 async def test_every_error_has_the_openai_style_type_of_its_status() -> None:

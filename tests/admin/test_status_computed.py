@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from gateway import Gateway, Settings
-from tests.admin.client import TOKEN, admin
+from tests.admin.client import TOKEN, admin, dialled_pod
 from tests.admin.test_openapi import documented_status
 from tests.backends.dial import Dial, DialPlugin
-from tests.backends.redis_pods import POD_SETTINGS, TTL, backend, eventually
+from tests.backends.redis_pods import TTL, backend, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -19,17 +19,7 @@ async def test_a_leaders_status_names_it_as_the_author_of_the_value_in_use(
 ) -> None:
     """In cluster mode the value in use is the pool's, written by the leader: the status
     names that pod (as ``cluster.pod`` names pods), when it wrote, and who leads."""
-    settings = Settings(
-        redis_url=redis_url,
-        pool=pool_name,
-        admin_token=TOKEN,
-        capacity_providers=("static", "dial"),
-        global_max_in_flight=10,
-        **POD_SETTINGS,
-    )
-    gateway = Gateway(settings, plugins=[DialPlugin(Dial(4))], entry_points=False)
-    await gateway.start()
-    try:
+    async with dialled_pod(redis_url, pool_name) as gateway:
         pod = backend(gateway).pod
 
         async def heard() -> bool:
@@ -44,8 +34,6 @@ async def test_a_leaders_status_names_it_as_the_author_of_the_value_in_use(
         assert (where["source"], where["pod"]) == ("pool", pod)
         assert isinstance(where["at"], float)
         assert (found["cluster"]["pod"], found["cluster"]["leader"]) == (pod, pod)
-    finally:
-        await gateway.stop()
 
 
 async def test_in_process_a_computed_value_is_the_gateways_own() -> None:
