@@ -135,9 +135,10 @@ def obleth_request_rejected(request: RequestInfo, reason: str) -> None:
 def obleth_request_finished(request: RequestInfo, duration_s: float, outcome: str) -> None:
     """Observe the end of an admitted request, after its seats were given back.
 
-    ``outcome`` is ``completed``, ``error`` (the app raised) or ``cancelled`` (the client
-    went away before the response's last chunk, or the task was cancelled). ``duration_s``
-    runs from admission to release.
+    ``outcome`` is ``completed``, ``error`` (the app raised, or left a response it began
+    unfinished: an upstream that failed mid-stream) or ``cancelled`` (the client went away
+    before the response's last chunk, or the task was cancelled). ``duration_s`` runs from
+    admission to release.
     Called on the request path; no I/O.
     """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from gateway.errors import BadRequest, Disconnected
-from gateway.types import Message, Receive
+from gateway.types import Message, Receive, Scope
 
 #: How much of a body still arriving the disconnect watch of a waiting request takes off
 #: the connection, at most (about what uvicorn buffers before it stops reading): held for
@@ -93,3 +93,25 @@ class RequestBody:
             if not message.get("more_body", False):
                 self._complete = True
         return message
+
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def expects_continue(scope: Scope) -> bool:
+    """Whether the client sent ``Expect: 100-continue`` (it sends its body only to a server
+    that will take it)."""
+    for name, value in scope["headers"]:
+        if name == b"expect":
+            return bool(value.strip().lower() == b"100-continue")
+    return False
+
+
+def has_json_body(scope: Scope) -> bool:
+    """JSON bodies are read for classifiers and the router; anything else streams to the app."""
+    if scope["method"] not in _BODY_METHODS:
+        return False
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return bool(value.lower().startswith(b"application/json"))
+    return False

@@ -19,7 +19,7 @@ from collections.abc import Awaitable
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from gateway.asgi.body import RequestBody
+from gateway.asgi.body import RequestBody, expects_continue, has_json_body
 from gateway.asgi.plan import FlightPlan, Record
 from gateway.asgi.responses import send_bad_request, send_json_error, send_rejection
 from gateway.complaints import Complaints
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
 log = logging.getLogger("obleth")
-
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 class Flight:
@@ -63,6 +61,7 @@ class Flight:
         "seats",
         "send",
         "span",
+        "started",
         "ticket",
     )
 
@@ -82,6 +81,8 @@ class Flight:
         self.decision: Decision | None = None
         #: the admission span, while the process traces and the gate has not answered
         self.span: Span | None = None
+        #: whether the app began its response through ``send`` (``_send``)
+        self.started = False
 
     async def run(self) -> None:
         plan = self.plan
@@ -144,9 +145,15 @@ class Flight:
             await plan.app(scope, self.receive if body is None else body.replay, send)
             # a response whose seats came back at its last chunk is complete, whatever the
             # app read afterwards (a server answers receive() with a disconnect once the
-            # response is done, and streaming responses listen)
-            cut_short = body is not None and body.disconnected and self._holds_seats
-            outcome = tallies.CANCELLED if cut_short else tallies.COMPLETED
+            # response is done, and streaming responses listen); one begun and never
+            # finished was cut short, by the client leaving or else by the app (a proxy
+            # whose upstream failed mid-stream): the server closes the connection
+            if not self._holds_seats:
+                outcome = tallies.COMPLETED
+            elif body is not None and body.disconnected:
+                outcome = tallies.CANCELLED
+            else:
+                outcome = tallies.ERROR if self.started else tallies.COMPLETED
         except asyncio.CancelledError:
             outcome = tallies.CANCELLED
             raise
@@ -189,7 +196,7 @@ class Flight:
         if body is None:
             body = self.body = RequestBody(self.receive, plan.max_body)
         watch = (
-            None if not body.complete and _expects_continue(self.scope) else body.watch_disconnect
+            None if not body.complete and expects_continue(self.scope) else body.watch_disconnect
         )
         try:
             permit = await plan.scheduler.acquire(self.ticket, disconnected=watch)
@@ -281,9 +288,10 @@ class Flight:
         if kind == "http.response.body":
             if not message.get("more_body", False):
                 self._land()
-        elif (
-            self.decision is not None and kind == "http.response.start" and self.plan.names_upstream
-        ):
+        elif kind == "http.response.start":
+            self.started = True
+            if self.decision is None or not self.plan.names_upstream:
+                return self.send(message)
             upstream = self.decision.upstream.encode("latin-1")
             headers = [*message.get("headers", ()), (b"x-obleth-upstream", upstream)]
             message = {**message, "headers": headers}
@@ -380,20 +388,3 @@ def _record_of(ticket: Ticket, waited_s: float, **routing: object) -> Record:
     """What the app can read about its admitted request, in ``scope["state"]["obleth"]``."""
     record = {"tenant": ticket.tenant, "priority": ticket.priority, "waited_s": waited_s}
     return MappingProxyType(record | routing)
-
-
-def _expects_continue(scope: Scope) -> bool:
-    for name, value in scope["headers"]:
-        if name == b"expect":
-            return bool(value.strip().lower() == b"100-continue")
-    return False
-
-
-def has_json_body(scope: Scope) -> bool:
-    """JSON bodies are read for classifiers and the router; anything else streams to the app."""
-    if scope["method"] not in _BODY_METHODS:
-        return False
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            return bool(value.lower().startswith(b"application/json"))
-    return False

@@ -24,7 +24,7 @@ OTHER = "other"
 #: what an ended request is counted as (``obleth_requests_total``'s ``outcome``)
 COMPLETED = "completed"  # the app sent the whole response
 CANCELLED = "cancelled"  # the client left while the app answered
-ERROR = "error"  # the app raised
+ERROR = "error"  # the app raised, or left a response it began unfinished
 REJECTED = "rejected"  # not admitted: 503/429, the reason says why
 UNROUTABLE = "unroutable"  # admitted, but no upstream could take it: 404/503
 BAD_REQUEST = "bad_request"  # refused before admission: 400/413

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-from gateway.asgi.flight import has_json_body
+from gateway.asgi.body import has_json_body
 from gateway.core.exemptions import ExemptPaths
 from gateway.gateway import Gateway
 from gateway.settings import Settings

@@ -262,6 +262,35 @@ def test_observers_hear_a_streamed_response_read_to_its_end_completed() -> None:
     run(scenario)
 
 
+def test_a_response_the_app_begins_and_never_finishes_is_an_error() -> None:
+    """An app that returns after its response began but before its last chunk (a proxy
+    whose upstream died mid-stream) leaves the server to close the connection: the
+    client's response is cut short, so the request counts ``error``, not ``completed``;
+    its seat is given back all the same."""
+    outcomes: list[str] = []
+
+    class Outcomes:
+        @hookimpl
+        def obleth_request_finished(self, outcome: str) -> None:
+            outcomes.append(outcome)
+
+    async def abandoning(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 0\n\n", "more_body": True})
+
+    async def scenario() -> None:
+        gw = GatewayMiddleware(abandoning, Settings(), plugins=[Outcomes()])
+        async with serve_in_task(gw) as server, httpx.AsyncClient(trust_env=False) as http:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await http.get(f"{server.url}/v1/stream")
+            assert gw.gateway.snapshot().inflight == 0
+        assert outcomes == ["error"]
+
+    run(scenario)
+
+
 def test_json_body_over_the_bound_gets_413_with_a_json_error() -> None:
     """A JSON body larger than max_body_bytes is refused before admission, with a reason."""
 
