@@ -146,14 +146,17 @@ class Flight:
             # a response whose seats came back at its last chunk is complete, whatever the
             # app read afterwards (a server answers receive() with a disconnect once the
             # response is done, and streaming responses listen); one begun and never
-            # finished was cut short, by the client leaving or else by the app (a proxy
-            # whose upstream failed mid-stream): the server closes the connection
+            # finished was cut short: by the client leaving (the rule when the flight does
+            # not watch receive(): streaming responses stop so), else by the app itself (a
+            # proxy whose upstream failed mid-stream); the server closes the connection
             if not self._holds_seats:
                 outcome = tallies.COMPLETED
             elif body is not None and body.disconnected:
                 outcome = tallies.CANCELLED
+            elif not self.started:  # WSGI's hand-over, or an app that answered nothing
+                outcome = tallies.COMPLETED
             else:
-                outcome = tallies.ERROR if self.started else tallies.COMPLETED
+                outcome = tallies.CANCELLED if body is None else tallies.ERROR
         except asyncio.CancelledError:
             outcome = tallies.CANCELLED
             raise

@@ -291,6 +291,35 @@ def test_a_response_the_app_begins_and_never_finishes_is_an_error() -> None:
     run(scenario)
 
 
+def test_a_client_leaving_a_stream_unwatched_is_counted_cancelled() -> None:
+    """Without a plugin that observes requests, nor a body the gateway read, the flight
+    does not watch ``receive()``: a streaming response stopped by the client leaving is
+    counted ``cancelled`` all the same, not ``error``."""
+
+    async def tokens() -> AsyncIterator[bytes]:
+        for i in range(1000):
+            await asyncio.sleep(0.01)
+            yield f"data: {i}\n\n".encode()
+
+    async def stream(request: Request) -> StreamingResponse:
+        return StreamingResponse(tokens(), media_type="text/event-stream")
+
+    async def scenario() -> None:
+        gw = GatewayMiddleware(Starlette(routes=[Route("/v1/stream", stream)]), Settings())
+        async with serve_in_task(gw) as server, httpx.AsyncClient(trust_env=False) as http:
+            async with http.stream("GET", f"{server.url}/v1/stream") as partial:
+                async for _ in partial.aiter_bytes():
+                    break  # the client leaves after the first chunk
+            for _ in range(500):  # the server notices, the stream stops: bounded wait
+                if gw.gateway.snapshot().inflight == 0:
+                    break
+                await asyncio.sleep(0.01)
+        outcomes = {outcome for (_, _, outcome, _) in gw.gateway.tallies.totals()}
+        assert outcomes == {"cancelled"}
+
+    run(scenario)
+
+
 def test_json_body_over_the_bound_gets_413_with_a_json_error() -> None:
     """A JSON body larger than max_body_bytes is refused before admission, with a reason."""
 
