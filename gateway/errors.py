@@ -94,7 +94,14 @@ class BadRequest(OblethError):
 
 
 class Disconnected(OblethError):
-    """The client went away while its request waited; nobody is left to answer."""
+    """The client went away while its request waited; nobody is left to answer.
+
+    ``timed_out``: not gone, but too slow with its body (``BodyTimeout`` answers it 408).
+    """
+
+    def __init__(self, *args: object, timed_out: bool = False) -> None:
+        super().__init__(*args)
+        self.timed_out = timed_out
 
 
 _REJECT_MESSAGES: dict[str, str] = {

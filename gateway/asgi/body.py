@@ -18,6 +18,11 @@ from gateway.types import Message, Receive, Scope
 WATCH_BYTES = 64 * 1024
 
 
+#: A key of the ``http.disconnect`` message ``BodyTimeout`` gives the app when a body
+#: paused too long: the client is there, too slow, and is answered 408.
+TIMED_OUT = "obleth.body_timed_out"
+
+
 class BodyTooLarge(BadRequest):
     def __init__(self, limit: int) -> None:
         super().__init__(
@@ -47,7 +52,7 @@ class RequestBody:
         while not self._complete:
             message = await self._take()
             if message["type"] == "http.disconnect":
-                raise Disconnected()
+                raise Disconnected(timed_out=bool(message.get(TIMED_OUT)))
             if self._seen_bytes > self._limit:
                 raise BodyTooLarge(self._limit)
             chunks.append(message.get("body", b""))

@@ -112,8 +112,11 @@ class Flight:
             self._refused(tallies.BAD_REQUEST, str(exc.status), unclassified=True)
             await send_bad_request(self.send, exc)
             return
-        except Disconnected:
-            self._refused(tallies.ABANDONED, unclassified=True)
+        except Disconnected as exc:
+            if exc.timed_out:  # answered 408 by BodyTimeout
+                self._refused(tallies.BAD_REQUEST, "408", unclassified=True)
+            else:
+                self._refused(tallies.ABANDONED, unclassified=True)
             return
         # a free seat is taken without a Permit: _land gives it back
         seats = plan.free_seats

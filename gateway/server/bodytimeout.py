@@ -6,12 +6,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable
 
+from gateway.asgi.body import TIMED_OUT
 from gateway.asgi.responses import send_json_error
 from gateway.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("obleth.server")
 
-_DISCONNECT: Message = {"type": "http.disconnect"}
+_DISCONNECT: Message = {"type": "http.disconnect", TIMED_OUT: True}
 
 
 class BodyTimeout:

@@ -23,6 +23,7 @@ from importlib.metadata import entry_points
 
 from opentelemetry import metrics, trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -44,7 +45,14 @@ class PrometheusExport:
     def __init__(self) -> None:
         self._registry = CollectorRegistry(auto_describe=True)
         reader = PrometheusMetricReader(registry=self._registry)
-        self.provider = MeterProvider(metric_readers=[reader], resource=_resource())
+        # OTEL_SDK_DISABLED turns the SDK's telemetry off (tracing, as operations.md
+        # says), not the gateway's own /metrics page: the provider is built without it
+        hidden = os.environ.pop(OTEL_SDK_DISABLED, None)
+        try:
+            self.provider = MeterProvider(metric_readers=[reader], resource=_resource())
+        finally:
+            if hidden is not None:
+                os.environ[OTEL_SDK_DISABLED] = hidden
         self.host_provider: metrics.MeterProvider | None = None
 
     def render(self) -> bytes:

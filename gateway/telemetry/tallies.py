@@ -27,7 +27,7 @@ CANCELLED = "cancelled"  # the client left while the app answered
 ERROR = "error"  # the app raised, or left a response it began unfinished
 REJECTED = "rejected"  # not admitted: 503/429, the reason says why
 UNROUTABLE = "unroutable"  # admitted, but no upstream could take it: 404/503
-BAD_REQUEST = "bad_request"  # refused before admission: 400/413
+BAD_REQUEST = "bad_request"  # refused before admission: 400/408/413
 ABANDONED = "abandoned"  # the client left while it waited for a seat
 
 #: how many distinct (ticket, outcome, reason) counts wait for the next collection before
@@ -106,7 +106,7 @@ class RequestTallies:
         for tenant, n in activity.items():
             if tenant in named:
                 named[tenant] = now
-            else:
+            elif tenant != OTHER:  # a tenant called so is counted with the unnamed ones
                 unnamed.append((-n, tenant))
         if unnamed:
             if len(named) >= self.tenants_named:

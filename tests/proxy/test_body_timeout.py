@@ -67,6 +67,9 @@ async def test_a_body_that_stalls_is_answered_408_and_gives_its_seat_back(
         scheduler = served.scheduler
         await eventually(lambda: scheduler.admitted == scheduler.released, "the seat released")
         assert scheduler.admitted == admitted
+        if not admitted:  # refused before admission: a bad request, not a client that left
+            outcomes = {key[2:]: n for key, n in served.app.gateway.tallies.totals().items()}
+            assert outcomes == {("bad_request", "408"): 1}
 
 
 async def test_only_a_stalled_body_times_out_not_a_request_waiting_in_the_queue() -> None:

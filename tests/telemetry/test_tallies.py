@@ -75,6 +75,23 @@ def test_an_idle_tenant_gives_its_name_to_a_busier_one() -> None:
     assert tallies.named() == ["late"]
 
 
+def test_a_tenant_called_other_is_counted_with_the_unnamed_ones() -> None:
+    """A tenant literally named ``other`` never takes a name (its series would be the
+    unnamed tenants' sum, and forgetting it would wipe that sum, a counter reset)."""
+    clock = Clock()
+    tallies = RequestTallies(2, idle_s=60, clock=clock)
+    for _ in range(3):
+        tallies.count(ticket(OTHER), "completed")
+    tallies.count(ticket("a"), "completed")
+    tallies.count(ticket("b"), "completed")
+    tallies.count(ticket("c"), "completed")
+    assert by_tenant(tallies) == {"a": 1, "b": 1, OTHER: 4}
+    assert sorted(tallies.named()) == ["a", "b"]
+    clock.now = 100.0
+    tallies.count(ticket(OTHER), "completed")
+    assert by_tenant(tallies)[OTHER] == 5  # never goes back
+
+
 def test_a_flood_of_tenant_names_stays_bounded_without_a_reader() -> None:
     """Nobody collects (a host without an SDK): 100 000 tenant names still leave a bounded
     number of entries, and every request is still counted."""
