@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 
 from gateway.cli.defaults import DefaultsShown
@@ -66,10 +65,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.duration <= 3600:  # also refuses nan
-        parser_error = "--duration: expected seconds between 0 and 3600"
-        raise SystemExit(f"obleth demo: {parser_error}")
+        return _usage("--duration: expected seconds between 0 and 3600")
     if args.limit < 1:
-        raise SystemExit("obleth demo: --limit: expected a whole number of at least 1")
+        return _usage("--limit: expected a whole number of at least 1")
     names = [part.split(":")[0].strip() for part in args.tenants.split(",") if part.strip()]
     flood = args.flood if args.flood is not None else (names[-1] if names else None)
     tenants = parse_tenants(args.tenants, limit=args.limit, flood=flood)
@@ -87,11 +85,12 @@ def run(args: argparse.Namespace) -> int:
         flag = _FLAG_OF.get(exc.setting)
         if flag is None:
             raise
-        raise SystemExit(f"obleth demo: {flag} {exc.value}: {exc.expected}") from None
+        return _usage(f"{flag} {exc.value}: {exc.expected}")
     except KeyboardInterrupt:
         return 130  # stopped by Ctrl-C: the clients were stopped, nothing more to say
-    except BrokenPipeError:
-        # the reader went away (`obleth demo | head`); what is still buffered for it must
-        # not fail again at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+
+
+def _usage(problem: str) -> int:
+    """A bad flag: one line on stderr, and the status of a usage error, as argparse's."""
+    print(f"obleth demo: {problem}", file=sys.stderr)
+    return 2

@@ -17,7 +17,7 @@ from gateway.simulate.profiles import Profile
 from gateway.simulate.render import as_json, run_table, sweep_table
 from gateway.simulate.report import (
     add_fitness,
-    open_records,
+    check_records_path,
     parse_weights,
     report,
     write_records,
@@ -212,12 +212,13 @@ def run(args: argparse.Namespace) -> int:
     slo = parse_slo(args.slo) if args.slo else None
     sweep = parse_sweep(args.sweep) if args.sweep else None
     plans = [plan] if sweep is None else [_with(plan, sweep.flag, v) for v in sweep.values]
-    # opened first: a path that cannot be written stops the command before it runs
-    sink = open_records(args.results_path) if args.results_path else None
+    # checked first: a path that cannot be written stops the command before it runs
+    if args.results_path:
+        check_records_path(args.results_path)
     results = [simulate(p) for p in plans]
     reports = [report(r) for r in results]
-    if sink is not None:
-        with sink:
+    if args.results_path:
+        with open(args.results_path, "w", encoding="utf-8") as sink:
             values = [None] if sweep is None else list(sweep.values)
             write_records(sink, sweep.flag if sweep else None, zip(values, results, strict=True))
     if weights is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TextIO
@@ -123,13 +124,17 @@ def records(result: RunResult) -> list[dict[str, object]]:
     return out
 
 
-def open_records(path: str) -> TextIO:
-    """``path`` opened for `write_records` (``--results-path``); `BadFlag` when it cannot
-    be written."""
+def check_records_path(path: str) -> None:
+    """`BadFlag` when ``path`` (``--results-path``) cannot be written; else nothing changes:
+    an existing file keeps its content until `write_records` has records for it (a run
+    that stops on a bad flag must not empty it), and a missing one is not left behind."""
+    existed = os.path.lexists(path)
     try:
-        return open(path, "w", encoding="utf-8")
+        open(path, "a", encoding="utf-8").close()
     except OSError as exc:
         raise BadFlag("--results-path", path, f"a writable file ({exc.strerror})") from None
+    if not existed:
+        os.remove(path)
 
 
 def write_records(

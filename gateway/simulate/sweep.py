@@ -73,20 +73,25 @@ def parse_sweep(text: str) -> Sweep:
     if name not in SWEEPABLE or not spec:
         raise BadFlag("--sweep", text, usage)
     kind = SWEEPABLE[name][0]
+    span = None  # for a range: how many steps it spans
     try:
         if ".." in spec:
             bounds, _, step_text = spec.partition(":")
             low_text, _, high_text = bounds.partition("..")
             low, high = kind(low_text), kind(high_text)
             step = kind(step_text) if step_text else kind(1)
-            if step <= 0 or high < low:
+            if not step > 0 or not high >= low:
                 raise ValueError
-            count = math.floor((high - low) / step + 1e-9) + 1
-            values = tuple(low + i * step for i in range(count))
+            span = (high - low) / step
+            values: tuple[float, ...] = ()
         else:
             values = tuple(kind(v) for v in spec.split(","))
     except ValueError:
         raise BadFlag("--sweep", text, usage + " (LOW <= HIGH, STEP > 0)") from None
+    if span is not None:  # counted before any value is built (1..inf, a step of 1e-300)
+        if not span < 200:
+            raise BadFlag("--sweep", text, "between 1 and 200 values, each above 0")
+        values = tuple(low + i * step for i in range(math.floor(span + 1e-9) + 1))
     if not values or len(values) > 200 or not all(math.isfinite(v) and v > 0 for v in values):
         raise BadFlag("--sweep", text, "between 1 and 200 values, each above 0")
     return Sweep(name, tuple(round(v, 9) for v in values))

@@ -124,3 +124,36 @@ def test_a_flag_standing_for_a_setting_shows_its_variable_and_the_settings_defau
             assert spec.default in (None, ()), variable
         else:
             assert spec.parse(variable, default) == spec.default, variable
+
+
+@pytest.mark.parametrize(
+    ("argv", "told"),
+    [
+        (["demo", "--duration", "0"], "--duration"),
+        (["demo", "--limit", "0"], "--limit"),
+        (["demo", "--policy", "nope"], "--policy nope"),
+    ],
+)
+def test_a_bad_demo_flag_exits_2_with_one_line(argv: list[str], told: str) -> None:
+    """A usage error of ``obleth demo`` exits 2, as argparse's own do, not 1."""
+    done = obleth(*argv)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith(f"obleth demo: {told}") and len(done.stderr.splitlines()) == 1
+
+
+def test_output_piped_into_a_reader_that_leaves_ends_quietly() -> None:
+    """``obleth simulate --json --sweep ... | head -1``: the reader closes the pipe after
+    its line, with more to come than a pipe holds; the command stops with the status of
+    SIGPIPE (141), no traceback."""
+    sweep = ["simulate", "--json", "--num-requests=5", "--sweep=rate=1..100"]
+    command = [sys.executable, "-m", "gateway", *sweep]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        process.stdout.read(1)
+        process.stdout.close()  # the reader leaves with the rest unread
+        errors = process.stderr.read().decode()
+        status = process.wait(timeout=60)
+    assert "Traceback" not in errors and "BrokenPipe" not in errors
+    assert status == 141

@@ -133,6 +133,10 @@ BAD_FLAGS: list[tuple[str, Any, list[str]]] = [
     ("--max-num-batched-tokens", "8", ["max_num_seqs"]),
     ("--sweep", "total-kv-blocks=0,8", []),
     ("--results-path", "/nonexistent/dir/requests.jsonl", ["writable"]),
+    # counted before they are built: these used to overflow, or hang building the range
+    ("--sweep", "rate=1..inf", ["between 1 and 200 values"]),
+    ("--sweep", "num-instances=1..1000000000", ["between 1 and 200 values"]),
+    ("--sweep", "rate=1..10:1e-300", ["between 1 and 200 values"]),
 ]
 
 
@@ -158,6 +162,20 @@ def test_a_bad_flag_exits_2_with_one_line_naming_it(
     assert "expected expected" not in lines[0]
     for word in told:
         assert word in lines[0]
+
+
+def test_a_bad_flag_leaves_an_existing_results_file_as_it_was(tmp_path: Path) -> None:
+    """The results file is written once the runs are done: a command stopped by a bad
+    flag found later (an unknown scorer is checked as the gateway is assembled) must not
+    empty the file of an earlier run, nor leave a new empty one behind."""
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text('{"earlier": 1}\n')
+    done = obleth_simulate("--num-requests=5", f"--results-path={kept}", "--routing-scorers=x:1")
+    assert done.returncode == 2 and "--routing-scorers" in done.stderr
+    assert kept.read_text() == '{"earlier": 1}\n'
+    fresh = tmp_path / "fresh.jsonl"
+    done = obleth_simulate("--num-requests=5", f"--results-path={fresh}", "--policy=nope")
+    assert done.returncode == 2 and not fresh.exists()
 
 
 @pytest.mark.parametrize("flag", ["--rate", "--num-instances", "--scrape-interval"])
