@@ -4,6 +4,7 @@ admin API (``/api/v1/capacity``), from a shell or a deployment script."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Any
@@ -35,7 +36,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("limit", nargs="?", type=int, help="the new limit, for set")
     parser.add_argument("--url", default=DEFAULT_URL, help="the admin API")
     parser.add_argument("--token", help=f"the admin token (default: ${TOKEN_VARIABLE})")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for it")
+    parser.add_argument(
+        "--timeout", type=seconds, default=10.0, help="seconds to wait for it, above 0"
+    )
     parser.set_defaults(run=run)
 
 
@@ -53,6 +56,18 @@ def run(args: argparse.Namespace) -> int:
     token = (args.token or os.environ.get(TOKEN_VARIABLE) or "").strip()
     if not token:
         return _fail(f"no admin token: pass --token or set {TOKEN_VARIABLE}", status=2)
+    if not token.isascii() or not token.isprintable():
+        return _fail(
+            f"the admin token (--token or {TOKEN_VARIABLE}) must be printable ASCII: an HTTP "
+            "header carries it",
+            status=2,
+        )
+    try:
+        base = httpx.URL(args.url)
+    except httpx.InvalidURL as exc:
+        return _fail(f"--url {args.url!r}: {exc}; expected e.g. {DEFAULT_URL}", status=2)
+    if base.scheme not in ("http", "https") or not base.host:
+        return _fail(f"--url {args.url!r}: expected an http(s) URL, e.g. {DEFAULT_URL}", status=2)
     url = args.url.rstrip("/") + CAPACITY_PATH
     headers = {"Authorization": f"Bearer {token}"}
     try:
@@ -98,3 +113,11 @@ def _error_message(document: Any) -> str | None:
 def _fail(message: str, *, status: int = 1) -> int:
     print(f"obleth capacity: {message}", file=sys.stderr)
     return status
+
+
+def seconds(text: str) -> float:
+    """``--timeout``: a finite number of seconds above 0 (argparse names the flag)."""
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise ValueError(text)
+    return value

@@ -336,9 +336,11 @@ def _listen(
         for sock in own:
             sock.close()
         flag, port = ("--admin-port", plan.admin_port) if own else ("--port", plan.port)
+        fix = f"give {flag} a port that is free"
+        if isinstance(exc, socket.gaierror):  # the name, not the port
+            fix = "give --host an address or a name this machine resolves"
         print(
-            f"obleth serve: cannot listen on {plan.host}:{port}: {exc.strerror or exc}; "
-            f"give {flag} a port that is free",
+            f"obleth serve: cannot listen on {plan.host}:{port}: {exc.strerror or exc}; {fix}",
             file=sys.stderr,
         )
         return None

@@ -83,6 +83,7 @@ def test_set_prints_the_limit_in_force_and_says_when_it_is_below_the_ceiling() -
         (("get",), "wrong-token-0123456789", 1, "401 a valid admin token is required"),
         (("get",), None, 2, "no admin token"),
         (("set",), TOKEN, 2, "set needs the new limit"),
+        (("get",), "ü-token-0123456789", 2, "printable ASCII"),
     ],
 )
 def test_a_failure_is_one_line_and_a_nonzero_status(
@@ -101,3 +102,22 @@ def test_nobody_listening_is_one_line() -> None:
     assert done.returncode == 1
     assert done.stderr.startswith("obleth capacity: ") and done.stderr.count("\n") == 1
     assert "ConnectError" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (("--url", "http://[::1"), "--url 'http://[::1'"),
+        (("--url", "notaurl"), "expected an http(s) URL"),
+        (("--url", ""), "expected an http(s) URL"),
+        (("--timeout", "-1"), "argument --timeout"),
+        (("--timeout", "nan"), "argument --timeout"),
+    ],
+)
+def test_a_bad_url_or_timeout_is_a_usage_error_naming_the_flag(
+    argv: tuple[str, ...], says: str
+) -> None:
+    """Caught before anything is sent: status 2, the flag named, no traceback."""
+    done = obleth("get", *argv)
+    assert done.returncode == 2
+    assert says in done.stderr and "Traceback" not in done.stderr

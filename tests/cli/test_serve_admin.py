@@ -111,6 +111,15 @@ def test_an_admin_port_in_use_stops_serve_with_one_line_naming_the_flag() -> Non
     )
 
 
+def test_a_host_that_does_not_resolve_is_one_line_naming_host() -> None:
+    """Not ``--port``: the name is what cannot be listened on (``.invalid`` never
+    resolves, RFC 6761)."""
+    done = serve_process("--port", str(free_port()), "--host", "nosuch.invalid")
+    assert done.returncode == 3
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "give --host an address or a name this machine resolves" in done.stderr
+
+
 def test_the_gateway_and_the_admin_api_on_one_port_are_refused() -> None:
     """Naming both flags, before anything is built or bound (status 2)."""
     port = str(free_port())
