@@ -24,7 +24,7 @@ from gateway.simulate.report import (
 )
 from gateway.simulate.run import FLAG_OF_SETTING, Plan, settings_for, simulate
 from gateway.simulate.sweep import Sweep, answer, meets, parse_slo, parse_sweep
-from gateway.simulate.workload import Workload, parse_shares, parse_tokens
+from gateway.simulate.workload import MAX_TOKENS, Workload, parse_shares, parse_tokens
 
 DEFAULT_MODEL = "qwen/qwen3-14b"
 
@@ -253,14 +253,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Shared-prefix groups at most: each group's prefix text is built before the run.
+MAX_GROUPS = 100_000
+
+
 def plan_of(args: argparse.Namespace) -> Plan:
     """The run the flags describe; `BadFlag` for the first unusable one."""
     profile = profiles.from_file(args.profile) if args.profile else profiles.named(args.model)
     profile = _engine_flags(profile, args)
     _at_least("--num-instances", args.num_instances, 1)
     _at_least("--num-requests", args.num_requests, 1)
-    _at_least("--prefix-tokens", args.prefix_tokens, 0)
-    _at_least("--prefix-groups", args.prefix_groups, 1)
+    _at_least("--prefix-tokens", args.prefix_tokens, 0, MAX_TOKENS)
+    _at_least("--prefix-groups", args.prefix_groups, 1, MAX_GROUPS)
     if not math.isfinite(args.rate) or args.rate <= 0:
         raise BadFlag("--rate", args.rate, "requests per second, a number above 0")
     if not math.isfinite(args.scrape_interval) or args.scrape_interval < 0:
@@ -358,9 +362,10 @@ def _with(plan: Plan, flag: str, value: float) -> Plan:
     return replace(plan, gateway={**plan.gateway, "global_max_in_flight": int(value)})
 
 
-def _at_least(flag: str, value: int, minimum: int) -> None:
-    if value < minimum:
-        raise BadFlag(flag, value, f"a whole number of at least {minimum}")
+def _at_least(flag: str, value: int, minimum: int, maximum: int | None = None) -> None:
+    if value < minimum or (maximum is not None and value > maximum):
+        most = "" if maximum is None else f" and at most {maximum}"
+        raise BadFlag(flag, value, f"a whole number of at least {minimum}{most}")
 
 
 def _heading(plan: Plan, sweep: Sweep | None) -> list[str]:

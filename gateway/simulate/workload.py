@@ -52,19 +52,27 @@ class Tokens:
         return f"{self.kind}:{self.a:g},{self.b:g}"
 
 
+MAX_TOKENS = 10_000_000
+"""The most tokens a prompt or a reply may be drawn with (or a shared prefix be): beyond
+any model's context, and the prompt's text is built in memory."""
+
+
 def parse_tokens(flag: str, text: str) -> Tokens:
     """``512`` (fixed), ``uniform:LOW,HIGH``, ``normal:MEAN,STDEV`` or ``exponential:MEAN``;
     `BadFlag` naming ``flag`` for anything else."""
-    usage = "a whole number like 512, or uniform:LOW,HIGH, normal:MEAN,STDEV, exponential:MEAN"
+    usage = (
+        "a whole number like 512, or uniform:LOW,HIGH, normal:MEAN,STDEV, exponential:MEAN "
+        f"(counts from 1 to {MAX_TOKENS}, LOW <= HIGH, STDEV >= 0)"
+    )
     kind, _, args = text.strip().partition(":")
     try:
         if not args:
             value = int(kind)
-            if value < 1:
+            if not 1 <= value <= MAX_TOKENS:
                 raise ValueError
             return Tokens("fixed", value)
         numbers = [float(n) for n in args.split(",")]
-        if not all(math.isfinite(n) for n in numbers):
+        if not all(math.isfinite(n) and n <= MAX_TOKENS for n in numbers):
             raise ValueError
     except ValueError:
         raise BadFlag(flag, text, usage) from None
@@ -74,7 +82,7 @@ def parse_tokens(flag: str, text: str) -> Tokens:
         return Tokens("uniform", numbers[0], numbers[1])
     if kind == "normal" and len(numbers) == 2 and numbers[0] >= 1 and numbers[1] >= 0:
         return Tokens("normal", numbers[0], numbers[1])
-    raise BadFlag(flag, text, usage + " (bounds >= 1, LOW <= HIGH, STDEV >= 0)")
+    raise BadFlag(flag, text, usage)
 
 
 def parse_shares(flag: str, text: str) -> dict[str, float]:

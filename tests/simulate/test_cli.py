@@ -133,6 +133,10 @@ BAD_FLAGS: list[tuple[str, Any, list[str]]] = [
     ("--max-num-batched-tokens", "8", ["max_num_seqs"]),
     ("--sweep", "total-kv-blocks=0,8", []),
     ("--results-path", "/nonexistent/dir/requests.jsonl", ["writable"]),
+    # sizes built in memory: these used to end in MemoryError, or use gigabytes
+    ("--input-tokens", "99999999999", ["from 1 to 10000000"]),
+    ("--prefix-tokens", "99999999999", ["at most 10000000"]),
+    ("--prefix-groups", "1000000000", ["at most 100000"]),
     # counted before they are built: these used to overflow, or hang building the range
     ("--sweep", "rate=1..inf", ["between 1 and 200 values"]),
     ("--sweep", "num-instances=1..1000000000", ["between 1 and 200 values"]),
