@@ -9,7 +9,7 @@ from typing import Any
 import uvicorn
 
 from gateway.cli.defaults import DefaultsShown
-from gateway.cli.server_flags import add_server_flags
+from gateway.cli.server_flags import GRACEFUL_S, add_server_flags
 from gateway.errors import ConfigError
 from gateway.sim import SimConfig, create_app
 
@@ -119,5 +119,7 @@ def run(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=args.access_log,
         lifespan="on",
+        # a Ctrl-C lets the streams under way end, for as long as obleth serve lets its own
+        timeout_graceful_shutdown=GRACEFUL_S,
     )
     return 0

@@ -18,7 +18,7 @@ from gateway.admin.health import HEALTH_PATH, METRICS_PATH, READY_PATH, Probes
 from gateway.asgi.lifespan import STARTUP_FAILURE
 from gateway.asgi.middleware import GatewayMiddleware
 from gateway.cli.defaults import DefaultsShown, of_setting
-from gateway.cli.server_flags import add_server_flags, tcp_port, worker_count
+from gateway.cli.server_flags import GRACEFUL_S, add_server_flags, tcp_port, worker_count
 from gateway.errors import ConfigError, OblethError
 from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
@@ -197,11 +197,6 @@ def server_options(settings: Settings) -> dict[str, Any]:
         ),
         "proxy_headers": False,
     }
-
-
-#: how long a stopping ``obleth serve`` lets the requests in progress finish (uvicorn's
-#: graceful shutdown); under ``--workers`` the parent waits that and a little more
-GRACEFUL_S = 30
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+#: how long a stopping server command lets the requests in progress finish (uvicorn's
+#: graceful shutdown); under ``obleth serve --workers`` the parent waits that and a
+#: little more
+GRACEFUL_S = 30
+
 
 def add_server_flags(parser: argparse.ArgumentParser, *, port: int) -> None:
     """``--host``, ``--port`` (default ``port``), ``--log-level`` and ``--access-log``."""
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    parser.add_argument(
+        "--host", type=listen_host, default="127.0.0.1", help="interface to listen on"
+    )
     parser.add_argument("--port", type=tcp_port, default=port, help="TCP port to listen on")
     parser.add_argument(
         "--log-level",
@@ -21,6 +28,14 @@ def add_server_flags(parser: argparse.ArgumentParser, *, port: int) -> None:
         default=False,
         help="log every request",
     )
+
+
+def listen_host(text: str) -> str:
+    """An interface to listen on; an empty one is refused (uvicorn would take it for every
+    interface, unasked: write 0.0.0.0 for that)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty host; give an address, or 0.0.0.0 for all")
+    return text.strip()
 
 
 def tcp_port(text: str) -> int:

@@ -157,3 +157,13 @@ def test_output_piped_into_a_reader_that_leaves_ends_quietly() -> None:
         status = process.wait(timeout=60)
     assert "Traceback" not in errors and "BrokenPipe" not in errors
     assert status == 141
+
+
+@pytest.mark.parametrize(
+    "argv", [["serve", "--upstream", "http://127.0.0.1:9"], ["mock-backend"]], ids=str
+)
+def test_an_empty_host_is_refused_naming_the_flag(argv: list[str]) -> None:
+    """uvicorn would take an empty host for every interface, unasked."""
+    done = obleth(*argv, "--host", "")
+    assert done.returncode == 2
+    assert "argument --host: an empty host" in done.stderr
