@@ -24,7 +24,7 @@ from gateway.simulate.report import (
 )
 from gateway.simulate.run import FLAG_OF_SETTING, Plan, settings_for, simulate
 from gateway.simulate.sweep import Sweep, answer, meets, parse_slo, parse_sweep
-from gateway.simulate.workload import MAX_TOKENS, Workload, parse_shares, parse_tokens
+from gateway.simulate.workload import MAX_GROUPS, MAX_TOKENS, Workload, parse_shares, parse_tokens
 
 DEFAULT_MODEL = "qwen/qwen3-14b"
 
@@ -251,10 +251,6 @@ def run(args: argparse.Namespace) -> int:
         )
     print(sweep_table(sweep.flag, sweep.values, reports, heading, verdict), end="")
     return 0
-
-
-#: Shared-prefix groups at most: each group's prefix text is built before the run.
-MAX_GROUPS = 100_000
 
 
 def plan_of(args: argparse.Namespace) -> Plan:

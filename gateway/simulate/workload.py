@@ -57,6 +57,10 @@ MAX_TOKENS = 10_000_000
 any model's context, and the prompt's text is built in memory."""
 
 
+MAX_GROUPS = 100_000
+"""The most shared-prefix groups: each group's prefix text is built before the run."""
+
+
 def parse_tokens(flag: str, text: str) -> Tokens:
     """``512`` (fixed), ``uniform:LOW,HIGH``, ``normal:MEAN,STDEV`` or ``exponential:MEAN``;
     `BadFlag` naming ``flag`` for anything else."""
