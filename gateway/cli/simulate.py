@@ -320,7 +320,7 @@ def _engine_flags(profile: Profile, args: argparse.Namespace) -> Profile:
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None:
             changes[field] = value
-    if "kv_cache_blocks" in changes:
+    if changes.get("kv_cache_blocks", 0) >= 1:  # a bad one is told as itself, below
         # a cached prefix lives in KV memory no sequence holds: the cache is as large
         changes["prefix_cache_blocks"] = changes["kv_cache_blocks"]
     if args.no_enable_prefix_caching:

@@ -130,6 +130,7 @@ BAD_FLAGS: list[tuple[str, Any, list[str]]] = [
     ("--routing-scorers", "nosuch:1", ["nosuch", "prefix-affinity", "queue-depth"]),
     ("--model", "nosuch", ["qwen/qwen3-14b", "meta-llama/llama-3.1-8b-instruct"]),
     ("--total-kv-blocks", "0", ["1"]),
+    ("--total-kv-blocks", "-5", [">= 1"]),  # it used to say >= 0, the prefix cache's bound
     ("--max-num-batched-tokens", "8", ["max_num_seqs"]),
     ("--sweep", "total-kv-blocks=0,8", []),
     ("--results-path", "/nonexistent/dir/requests.jsonl", ["writable"]),
