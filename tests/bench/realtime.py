@@ -1,24 +1,34 @@
-"""`obleth simulate`'s virtual clock against the real-time simulator: one small workload run
-both ways agrees within 10 % on TTFT p50 and on throughput.
+"""`obleth simulate`'s virtual clock against the real-time simulator: one small workload
+run both ways, TTFT p50 and throughput printed side by side with their ratio.
+
+    python tests/bench/realtime.py              # one round, about 30 s
+    python tests/bench/realtime.py --rounds 5
 
 The virtual run is `gateway.simulate.run.simulate`; the real one sends the same requests,
 at the same offsets, through ``obleth serve`` to one ``obleth mock-backend`` process per
 instance, configured like the profile. Both route round-robin, so both hand each instance
-the same requests in the same order. The figures are those of `gateway.simulate.report`: latencies
-from the request's arrival, throughput as completed requests over the time from the start
-of the run to its last completion.
+the same requests in the same order. The figures are those of `gateway.simulate.report`:
+latencies from the request's arrival, throughput as completed requests over the time from
+the start of the run to its last completion. The simulation issue's bound is 10 %:
+printed, never asserted (the real run is timed on a shared machine); the exit status is
+1 only when a run is invalid (a request failed).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
 import math
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import httpx
+from harness import ROOT, code_version, machine, software
+
+sys.path.insert(0, str(ROOT))  # tests.cluster and the gateway package, from this checkout
 
 from gateway.sim.config import SimConfig
 from gateway.simulate.profiles import Profile
@@ -71,7 +81,7 @@ PLAN = Plan(
 )
 
 TOLERANCE = 0.10
-"""The issue's bound on the relative difference between the two runs."""
+"""The simulation issue's bound on the relative difference between the two runs."""
 
 WAIT_S = 60.0
 """Bound on every wait: on the whole real run, on readiness; fails the test, never hangs it."""
@@ -218,27 +228,36 @@ async def _replay(
     )
 
 
-def test_the_virtual_clock_agrees_with_the_real_time_simulator_on_ttft_and_throughput() -> None:
-    """The same workload through the gateway to simulated instances, once on the virtual
-    clock and once on real processes in real time, gives TTFT p50 and throughput within
-    10 % of each other: a simulation's figures stand for what the servers would show."""
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=1, help="real runs against the one virtual")
+    args = parser.parse_args()
+    print(f"# {machine()}\n# {software()}\n# code {code_version()}")
     virtual = report(simulate(PLAN))
-    requests = WORKLOAD.requests(PLAN.seed)
-    with gateway_in_front_of_backends(PLAN) as serve:
-        real = asyncio.run(
-            _replay(serve.url, requests, PROFILE.model, instances=PLAN.num_instances)
-        )
-
     ttft_p50, throughput = virtual["ttft_p50_ms"], virtual["responses_per_sec"]
-    assert isinstance(ttft_p50, float)
-    assert isinstance(throughput, float)
-    figures = (
-        f"TTFT p50: virtual {ttft_p50:.1f} ms, real {real.ttft_p50_ms:.1f} ms; "
-        f"throughput: virtual {throughput:.3f}/s "
-        f"({virtual['completed']} in {virtual['duration_s']:.2f} s), "
-        f"real {real.responses_per_sec:.3f}/s ({real.completed} in {real.duration_s:.2f} s)"
+    assert isinstance(ttft_p50, float) and isinstance(throughput, float)
+    requests = WORKLOAD.requests(PLAN.seed)
+    print(
+        f"virtual: TTFT p50 {ttft_p50:.1f} ms, {throughput:.3f} responses/s "
+        f"({virtual['completed']} of {len(requests)} in {virtual['duration_s']:.2f} s)"
     )
-    assert virtual["completed"] == len(requests), figures
-    assert real.completed == len(requests), f"{figures}; failures: {real.failures[:5]}"
-    assert abs(real.ttft_p50_ms - ttft_p50) <= TOLERANCE * ttft_p50, figures
-    assert abs(real.responses_per_sec - throughput) <= TOLERANCE * throughput, figures
+    invalid = False
+    for round_ in range(1, args.rounds + 1):
+        with gateway_in_front_of_backends(PLAN) as serve:
+            real = asyncio.run(
+                _replay(serve.url, requests, PROFILE.model, instances=PLAN.num_instances)
+            )
+        invalid = invalid or real.completed != len(requests)
+        print(
+            f"real, round {round_}: TTFT p50 {real.ttft_p50_ms:.1f} ms "
+            f"({real.ttft_p50_ms / ttft_p50:.3f}x virtual), "
+            f"{real.responses_per_sec:.3f} responses/s "
+            f"({real.responses_per_sec / throughput:.3f}x virtual), "
+            f"{real.completed} of {len(requests)} completed; bound {TOLERANCE:.0%}"
+            + (f"; failures: {real.failures[:3]}" if real.failures else "")
+        )
+    return 1 if invalid else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
