@@ -63,10 +63,7 @@ def as_text(headers: Iterable[Header]) -> list[tuple[str, str]]:
     of ``surrogateescape``, its pure-Python one refuses them), and the text is what the
     client meant.
     """
-    text: list[tuple[str, str]] = []
-    for name, value in headers:
-        text.append((_decoded(name), _decoded(value)))
-    return text
+    return [(_decoded(name), _decoded(value)) for name, value in headers]
 
 
 def _decoded(raw: bytes) -> str:
