@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -13,6 +12,7 @@ from gateway.routing.activity import Activity
 from gateway.routing.metricnames import reading_from_text
 from gateway.routing.readings import Readings
 from gateway.routing.scraper import Scraper, Unanswered
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger("obleth.routing")
 
@@ -127,9 +127,7 @@ class Poller:
             return
         self._stopped = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         self._pace(resting=False)
         for scraper in self._scrapers.values():

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.core.placement import PlacementLog
 from gateway.routing.inflight import InFlight
+from gateway.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -85,9 +86,7 @@ class SharedRouting:
         """Hand over the last placements, withdraw this pod's counts, disconnect."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         if self.placements.unshared(1):
             await self.sync()
         with contextlib.suppress(Exception):

@@ -20,6 +20,8 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from gateway.tasks import cancel_and_wait
+
 log = logging.getLogger("obleth")
 
 T = TypeVar("T")
@@ -102,8 +104,7 @@ def _run(loop: asyncio.AbstractEventLoop, running: threading.Event) -> None:
     finally:
         # requests still on the loop end now: their worker threads are answered
         pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
         if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            stopping = (cancel_and_wait(task) for task in pending)
+            loop.run_until_complete(asyncio.gather(*stopping, return_exceptions=True))
         loop.close()

@@ -43,6 +43,7 @@ from gateway.core.admission import OverflowAction
 from gateway.core.tickets import NO_WAIT_RANK, Ticket
 from gateway.protocols import OverflowPolicy, Pending, Permit, Snapshot, TenantState
 from gateway.settings import Settings
+from gateway.tasks import cancel_and_wait
 
 
 class RedisBackend:
@@ -133,15 +134,14 @@ class RedisBackend:
             with contextlib.suppress(Exception):
                 await self._caller.flush_now(retry=False)
         self._caller.cancel_call_back()
-        for task in self._tasks:
-            task.cancel()
         flusher = self._caller.flusher
         if flusher is not None:
             self._tasks.append(flusher)
-            flusher.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(task)
         self._tasks.clear()
         await self._leadership.resign()
         with contextlib.suppress(Exception):
