@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -617,6 +618,7 @@ async def drive(
     path: str = "/v1/completions",
     request_timeout_s: float = 30.0,
     deadline_s: float = 60.0,
+    issue_for_s: float | None = None,
 ) -> LoadResult:
     """Send ``requests`` OpenAI-style completions, ``concurrency`` at a time, then return.
 
@@ -625,6 +627,12 @@ async def drive(
     ``stream_every``-th request streams (0: none do). Bounded twice: each request by
     ``request_timeout_s`` (then counted in ``failures``), the whole run by ``deadline_s``
     (then the rest is cancelled and counted in ``unfinished``).
+
+    ``issue_for_s``: no request is sent after that many seconds; those in flight then
+    finish. A load window that ends this way aborts nothing, so the backend's own count
+    never includes a request whose client has left but which it has not noticed yet (a
+    ``deadline_s`` that cancels requests mid-flight hands their seats over while the
+    backend still counts them).
     """
     if not urls or not tenants:
         raise ValueError("drive needs at least one URL and one tenant")
@@ -658,8 +666,12 @@ async def drive(
                 return
             result._record(tenant, answer.status_code, content, streamed)
 
+        stop_at = math.inf if issue_for_s is None else started + issue_for_s
+
         async def worker() -> None:
             for i in indices:  # shared by all workers: each index is sent once
+                if time.monotonic() >= stop_at:
+                    return
                 await one(i)
 
         workers = [asyncio.ensure_future(worker()) for _ in range(min(concurrency, requests))]

@@ -155,7 +155,7 @@ def test_a_tenants_share_does_not_depend_on_which_pods_it_uses(
     with Pods(3, sim.url, env=cluster_env(redis_server.url, pool.name), log_dir=logs) as pods:
 
         async def both() -> tuple[LoadResult, LoadResult]:
-            window = dict(requests=100_000, max_tokens=40, deadline_s=5.0)
+            window = dict(requests=100_000, max_tokens=40, issue_for_s=5.0, deadline_s=30.0)
             return await asyncio.gather(
                 drive(pods.urls, concurrency=48, tenants=("A",), **window),  # type: ignore[arg-type]
                 drive(pods.urls[:1], concurrency=48, tenants=("B",), **window),  # type: ignore[arg-type]
