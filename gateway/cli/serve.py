@@ -360,8 +360,7 @@ def _worker(plan: _Plan, sockets: list[socket.socket]) -> None:
 
 class _AfterShutdown:
     """``app``, with ``then()`` called once its lifespan shutdown is complete: the last
-    moment a signalled uvicorn gives us (it raises the signal again once it has stopped
-    serving, and the process ends there). ``obleth serve`` sends the spans still
+    request has been answered (or cut off) by then. ``obleth serve`` sends the spans still
     batched then."""
 
     def __init__(self, app: ASGIApp, then: Callable[[], object]) -> None:

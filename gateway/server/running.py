@@ -1,21 +1,92 @@
 """Running uvicorn servers on an event loop of our own: uvloop's when installed, every
 server on one loop, all of them stopping when one does. ``obleth serve`` runs its gateway
-and admin API this way, in one process or in each worker of ``--workers``."""
+and admin API this way, in one process or in each worker of ``--workers``.
+
+SIGINT and SIGTERM both stop the servers gracefully (uvicorn's ``timeout_graceful_shutdown``
+for the requests in progress) and ``serve`` then returns, so that the process exits with
+status 0 whichever of the two came, as the parent of ``--workers`` does. A request still
+running when that timeout ends is cut off with one warning in the log, not a traceback.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import signal
 import socket
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 
 import uvicorn
+
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+CUT_OFF = (
+    "a request still running when the graceful shutdown's time was up was cut off "
+    "(its client sees the connection close)"
+)
 
 
 def serve(servers: list[uvicorn.Server], sockets: Sequence[socket.socket] | None = None) -> None:
     """Serve ``servers`` until a signal stops them (or one of them stops); ``sockets``,
     one per server, are listeners bound already, else each binds its own."""
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    with (
+        _signals_stop(servers),
+        _cut_off_quietly(),
+        asyncio.Runner(loop_factory=_loop_factory()) as runner,
+    ):
         runner.run(_serve_all(servers, sockets))
+
+
+@contextlib.contextmanager
+def _signals_stop(servers: list[uvicorn.Server]) -> Iterator[None]:
+    """While serving, SIGINT and SIGTERM that reach the handler found here stop every
+    server. uvicorn installs its own handlers while it serves and, once it has stopped,
+    raises the signal again for the handler it found: by default that would kill the
+    process (SIGTERM, status 143) or raise ``KeyboardInterrupt``. Here it finds this one,
+    which only asks the servers to stop (they have), and ``serve`` returns. A signal that
+    comes before uvicorn's handlers are in place stops the servers just as well."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        for server in servers:
+            server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOPPING_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _CutOff(logging.Filter):
+    """uvicorn logs a request that its graceful shutdown cancelled (it outlasted the
+    timeout) as an error with the ``CancelledError``'s traceback, which reads like a bug
+    of the app. This turns that record into one warning that says what happened."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, asyncio.CancelledError):
+            record.msg, record.args = CUT_OFF, ()
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+@contextlib.contextmanager
+def _cut_off_quietly() -> Iterator[None]:
+    logger = logging.getLogger("uvicorn.error")
+    cut_off = _CutOff()
+    logger.addFilter(cut_off)
+    try:
+        yield
+    finally:
+        logger.removeFilter(cut_off)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -1,0 +1,71 @@
+"""How ``obleth serve``'s servers end on SIGINT and SIGTERM (``gateway.server.running``),
+in a real process: gracefully, with status 0 whichever signal came, and a stream that
+outlasts the graceful shutdown is cut off with one warning, not a traceback."""
+
+from __future__ import annotations
+
+import http.client
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.server.running import CUT_OFF
+from tests.cluster.pods import HOST, free_port
+
+HERE = Path(__file__).parent
+WAIT_S = 20.0
+
+
+def started(port: int) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, str(HERE / "signalled.py"), str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=HERE.parent.parent,
+    )
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            connection = http.client.HTTPConnection(HOST, port, timeout=2)
+            connection.request("GET", "/")
+            if connection.getresponse().read() == b"ready":
+                connection.close()
+                return process
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"did not start: {process.communicate()}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_ends_serving_with_status_0_and_a_cut_stream_is_one_warning(
+    stop: signal.Signals,
+) -> None:
+    process = started(free_port())
+    port = int(process.args[-1])  # type: ignore[index]
+    stream = http.client.HTTPConnection(HOST, port, timeout=WAIT_S)
+    try:
+        stream.request("GET", "/stream")
+        answer = stream.getresponse()
+        assert answer.read1(64).startswith(b"token")
+
+        process.send_signal(stop)
+        _, err = process.communicate(timeout=WAIT_S)
+
+        assert process.returncode == 0, err
+        assert CUT_OFF in err, err
+        assert "Traceback" not in err and "CancelledError" not in err, err
+        with pytest.raises(http.client.IncompleteRead):
+            answer.read()  # the stream was cut, not finished
+    finally:
+        stream.close()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
