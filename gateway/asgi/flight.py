@@ -204,19 +204,19 @@ class Flight:
         watch = (
             None if not body.complete and expects_continue(self.scope) else body.watch_disconnect
         )
+        asked = time.monotonic()
         try:
             permit = await plan.scheduler.acquire(self.ticket, disconnected=watch)
         except Rejected as exc:
-            self._refused(tallies.REJECTED, exc.reason)
+            self._refused(tallies.REJECTED, exc.reason, waited_s=time.monotonic() - asked)
             if plan.observes:
                 plan.plugins.rejected(self._info(), exc.reason)
             await send_rejection(self.send, exc)
             return False
-        except Disconnected:
-            self._refused(tallies.ABANDONED)
-            return False
-        except BaseException:
-            self._refused(tallies.ABANDONED)
+        except BaseException as exc:  # the client left, or the server cancelled the request
+            self._refused(tallies.ABANDONED, waited_s=time.monotonic() - asked)
+            if isinstance(exc, Disconnected):
+                return False
             raise
         self.permit = permit
         waits = plan.gateway.queue_waits
@@ -267,15 +267,8 @@ class Flight:
         if plan.plugins.observes_routing:
             plan.plugins.routed(self._info(), decision.upstream, decision.scores)
         waited_s = 0.0 if self.permit is None else self.permit.waited_s
-        self._record(
-            _record_of(
-                self.ticket,
-                waited_s,
-                upstream=decision.upstream,
-                scores=decision.scores,
-                route=decision,
-            )
-        )
+        routing = {"upstream": decision.upstream, "scores": decision.scores, "route": decision}
+        self._record(_record_of(self.ticket, waited_s, **routing))
         return True
 
     def _send(self, message: Message) -> Awaitable[None]:
@@ -334,10 +327,17 @@ class Flight:
             self.permit.release()
             self.permit = None
 
-    def _refused(self, outcome: str, reason: str = "", *, unclassified: bool = False) -> None:
+    def _refused(
+        self,
+        outcome: str,
+        reason: str = "",
+        *,
+        unclassified: bool = False,
+        waited_s: float | None = None,
+    ) -> None:
         """Count a request that the app never saw, and end its span: ``outcome`` (one of
-        ``tallies``') and ``reason`` say why. ``unclassified``: before it had a ticket (it
-        is counted as the default tenant's)."""
+        ``tallies``') and ``reason`` say why, ``waited_s`` how long it queued. ``unclassified``:
+        before it had a ticket (it is counted as the default tenant's)."""
         if unclassified:
             default = self.plan.default
             self.ticket = make_ticket(default.tenant, default.priority)
@@ -345,10 +345,9 @@ class Flight:
         span = self.span
         if span is not None:
             self.span = None
-            ticket = self.ticket
-            tenant, priority = (None, None) if unclassified else (ticket.tenant, ticket.priority)
+            ticket = None if unclassified else self.ticket
             reason = reason or outcome
-            close_span(span, self.scope, outcome, tenant=tenant, priority=priority, reason=reason)
+            close_span(span, self.scope, outcome, ticket, reason=reason, waited_s=waited_s)
 
     def _admitted_span(self) -> None:
         span = self.span
@@ -359,8 +358,7 @@ class Flight:
             span,
             self.scope,
             "admitted",
-            tenant=self.ticket.tenant,
-            priority=self.ticket.priority,
+            self.ticket,
             waited_s=0.0 if permit is None else permit.waited_s,
             upstream=None if self.decision is None else self.decision.upstream,
         )

@@ -21,6 +21,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
+from gateway.core.tickets import Ticket
 from gateway.types import Scope
 
 SPAN_NAME = "obleth admission"
@@ -52,24 +53,23 @@ def close_span(
     span: Span,
     scope: Scope,
     outcome: str,
+    ticket: Ticket | None,
     *,
-    tenant: str | None,
-    priority: str | None,
     reason: str = "",
     waited_s: float | None = None,
     upstream: str | None = None,
 ) -> None:
-    """End ``span`` with what the gate decided; ``outcome`` ``admitted`` or why not."""
+    """End ``span`` with what the gate decided; ``outcome`` ``admitted`` or why not.
+    ``ticket``: who asked; None for a request refused before it was classified."""
     if span.is_recording():
         attributes: dict[str, str | float] = {
             "http.request.method": scope["method"],
             "url.path": scope["path"],
             "obleth.outcome": outcome,
         }
-        if tenant is not None:
-            attributes["obleth.tenant"] = tenant
-        if priority is not None:
-            attributes["obleth.priority"] = priority
+        if ticket is not None:
+            attributes["obleth.tenant"] = ticket.tenant
+            attributes["obleth.priority"] = ticket.priority
         if reason:
             attributes["obleth.reason"] = reason
         if waited_s is not None:

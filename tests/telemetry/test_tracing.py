@@ -105,7 +105,34 @@ async def test_each_request_gets_an_admission_span(spans: InMemorySpanExporter) 
     assert format(beta.context.trace_id, "032x") != TRACE_ID  # a trace of its own
     assert gamma.attributes["obleth.outcome"] == "rejected"
     assert gamma.attributes["obleth.reason"] == "queue_full"
+    assert 0 <= gamma.attributes["obleth.wait_s"] < beta.attributes["obleth.wait_s"]
     assert gamma.status.status_code is StatusCode.ERROR
+
+
+@pytest.mark.anyio
+async def test_a_request_refused_after_queueing_says_how_long_it_waited(
+    spans: InMemorySpanExporter,
+) -> None:
+    """beta queues behind acme until ``queue_timeout_s`` ends its wait: its span, refused
+    with the reason ``queue_timeout``, carries the time it spent queued."""
+    app = Holding()
+    settings = Settings(global_max_in_flight=1, queue_timeout_s=0.3, tenant_header="x-tenant")
+    gated = GatewayMiddleware(app, settings)
+    async with (
+        serve_in_task(gated) as server,
+        httpx.AsyncClient(base_url=server.url, trust_env=False) as http,
+    ):
+        holding = asyncio.ensure_future(http.get("/hold", headers={"x-tenant": "acme"}))
+        await eventually(lambda: gated.gateway.snapshot().inflight == 1, "acme holding")
+        refused = await http.get("/", headers={"x-tenant": "beta"})
+        assert refused.status_code == 503
+        app.release.set()
+        assert (await within(holding, "acme's answer")).status_code == 200
+
+    beta = next(s for s in spans.get_finished_spans() if s.attributes["obleth.tenant"] == "beta")
+    assert beta.attributes["obleth.outcome"] == "rejected"
+    assert beta.attributes["obleth.reason"] == "queue_timeout"
+    assert beta.attributes["obleth.wait_s"] >= 0.3
 
 
 @pytest.mark.anyio
