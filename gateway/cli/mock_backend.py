@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 
+from gateway.asgi.lifespan import STARTUP_FAILURE
 from gateway.cli.defaults import DefaultsShown
-from gateway.cli.server_flags import GRACEFUL_S, add_server_flags
+from gateway.cli.server_flags import GRACEFUL_S, add_server_flags, cannot_listen
 from gateway.errors import ConfigError
+from gateway.server.running import serve
+from gateway.server.workers import listening_socket
 from gateway.sim import SimConfig, create_app
 
 
@@ -110,16 +114,25 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve the simulator until interrupted; returns the exit code."""
+    """Serve the simulator until SIGINT or SIGTERM (then 0); 3 when it cannot listen or
+    its startup fails, after one line naming the cause."""
     app = create_app(config_from_args(args))
-    uvicorn.run(
+    try:
+        sock = listening_socket(args.host, args.port)
+    except OSError as exc:
+        print(cannot_listen("mock-backend", args.host, args.port, "--port", exc), file=sys.stderr)
+        return STARTUP_FAILURE
+    config = uvicorn.Config(
         app,
-        host=args.host,
-        port=args.port,
         log_level=args.log_level,
         access_log=args.access_log,
         lifespan="on",
-        # a Ctrl-C lets the streams under way end, for as long as obleth serve lets its own
+        # a signal lets the streams under way end, for as long as obleth serve lets its own
         timeout_graceful_shutdown=GRACEFUL_S,
     )
-    return 0
+    server = uvicorn.Server(config)
+    try:
+        serve([server], [sock])
+    finally:
+        sock.close()
+    return 0 if server.started else STARTUP_FAILURE

@@ -18,7 +18,13 @@ from gateway.admin.health import HEALTH_PATH, METRICS_PATH, READY_PATH, Probes
 from gateway.asgi.lifespan import STARTUP_FAILURE
 from gateway.asgi.middleware import GatewayMiddleware
 from gateway.cli.defaults import DefaultsShown, of_setting
-from gateway.cli.server_flags import GRACEFUL_S, add_server_flags, tcp_port, worker_count
+from gateway.cli.server_flags import (
+    GRACEFUL_S,
+    add_server_flags,
+    cannot_listen,
+    tcp_port,
+    worker_count,
+)
 from gateway.errors import ConfigError, OblethError
 from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
@@ -331,13 +337,7 @@ def _listen(
         for sock in own:
             sock.close()
         flag, port = ("--admin-port", plan.admin_port) if own else ("--port", plan.port)
-        fix = f"give {flag} a port that is free"
-        if isinstance(exc, socket.gaierror):  # the name, not the port
-            fix = "give --host an address or a name this machine resolves"
-        print(
-            f"obleth serve: cannot listen on {plan.host}:{port}: {exc.strerror or exc}; {fix}",
-            file=sys.stderr,
-        )
+        print(cannot_listen("serve", plan.host, port, flag, exc), file=sys.stderr)
         return None
     return own, shared
 

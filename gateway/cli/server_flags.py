@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 
 #: how long a stopping server command lets the requests in progress finish (uvicorn's
 #: graceful shutdown); under ``obleth serve --workers`` the parent waits that and a
@@ -61,3 +62,13 @@ def worker_count(text: str) -> int:
             f"{text!r}: expected a whole number of processes, 1 or more"
         )
     return count
+
+
+def cannot_listen(command: str, host: str, port: int, flag: str, error: OSError) -> str:
+    """The one line a server command prints when it cannot listen on ``host:port``: what
+    failed, and the flag to change (``flag`` for a taken port, ``--host`` for a name that
+    does not resolve)."""
+    fix = f"give {flag} a port that is free"
+    if isinstance(error, socket.gaierror):  # the name, not the port
+        fix = "give --host an address or a name this machine resolves"
+    return f"obleth {command}: cannot listen on {host}:{port}: {error.strerror or error}; {fix}"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import socket
 
 import pytest
 
-from gateway.cli import mock_backend
+from gateway.cli import main, mock_backend
 from gateway.errors import ConfigError
 from gateway.sim import SimConfig
 
@@ -68,3 +69,22 @@ def test_a_port_no_server_can_listen_on_is_refused_under_the_flag(
 
 def test_the_highest_port_is_accepted() -> None:
     assert parse("--port", "65535").port == 65535
+
+
+def test_a_port_taken_stops_it_with_one_line_naming_the_flag_and_status_3(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Another server holds the port: one line saying so and naming --port, status 3 (as
+    ``obleth serve``), not a log of a server that starts, fails and exits 0."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        assert main(["mock-backend", "--port", str(port)]) == 3
+
+    err = capsys.readouterr().err
+    assert err == (
+        f"obleth mock-backend: cannot listen on 127.0.0.1:{port}: Address already in use; "
+        "give --port a port that is free\n"
+    )
