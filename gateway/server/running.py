@@ -34,7 +34,7 @@ def serve(servers: list[uvicorn.Server], sockets: Sequence[socket.socket] | None
     one per server, are listeners bound already, else each binds its own."""
     with (
         _signals_stop(servers),
-        _cut_off_quietly(),
+        _cut_off_quietly(servers),
         asyncio.Runner(loop_factory=_loop_factory()) as runner,
     ):
         runner.run(_serve_all(servers, sockets))
@@ -67,11 +67,17 @@ def _signals_stop(servers: list[uvicorn.Server]) -> Iterator[None]:
 class _CutOff(logging.Filter):
     """uvicorn logs a request that its graceful shutdown cancelled (it outlasted the
     timeout) as an error with the ``CancelledError``'s traceback, which reads like a bug
-    of the app. This turns that record into one warning that says what happened."""
+    of the app. This turns that record into one warning that says what happened; a
+    ``CancelledError`` out of an app while no server is stopping stays as it was."""
+
+    def __init__(self, servers: list[uvicorn.Server]) -> None:
+        super().__init__()
+        self.servers = servers
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, asyncio.CancelledError):
+        stopping = any(server.should_exit for server in self.servers)
+        if stopping and isinstance(error, asyncio.CancelledError):
             record.msg, record.args = CUT_OFF, ()
             record.exc_info = record.exc_text = None
             record.levelno, record.levelname = logging.WARNING, "WARNING"
@@ -79,9 +85,9 @@ class _CutOff(logging.Filter):
 
 
 @contextlib.contextmanager
-def _cut_off_quietly() -> Iterator[None]:
+def _cut_off_quietly(servers: list[uvicorn.Server]) -> Iterator[None]:
     logger = logging.getLogger("uvicorn.error")
-    cut_off = _CutOff()
+    cut_off = _CutOff(servers)
     logger.addFilter(cut_off)
     try:
         yield

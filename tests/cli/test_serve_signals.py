@@ -4,7 +4,9 @@ outlasts the graceful shutdown is cut off with one warning, not a traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
+import logging
 import signal
 import subprocess
 import sys
@@ -12,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+import uvicorn
 
-from gateway.server.running import CUT_OFF
+from gateway.server.running import CUT_OFF, _CutOff
 from tests.cluster.pods import HOST, free_port
 
 HERE = Path(__file__).parent
@@ -48,8 +51,8 @@ def started(port: int) -> subprocess.Popen[str]:
 def test_a_signal_ends_serving_with_status_0_and_a_cut_stream_is_one_warning(
     stop: signal.Signals,
 ) -> None:
-    process = started(free_port())
-    port = int(process.args[-1])  # type: ignore[index]
+    port = free_port()
+    process = started(port)
     stream = http.client.HTTPConnection(HOST, port, timeout=WAIT_S)
     try:
         stream.request("GET", "/stream")
@@ -69,3 +72,29 @@ def test_a_signal_ends_serving_with_status_0_and_a_cut_stream_is_one_warning(
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def test_a_cancelled_request_while_serving_goes_on_being_logged_as_an_error() -> None:
+    """The warning is for requests the graceful shutdown cut off: a ``CancelledError`` out
+    of an app while the server is not stopping (an app's own bug) keeps its traceback."""
+    server = uvicorn.Server(uvicorn.Config(lambda scope, receive, send: None))
+    cut_off = _CutOff([server])
+
+    def record() -> logging.LogRecord:
+        try:
+            raise asyncio.CancelledError
+        except asyncio.CancelledError:
+            error = sys.exc_info()
+        return logging.LogRecord(
+            "uvicorn.error", logging.ERROR, __file__, 1, "Exception in ASGI application", (), error
+        )
+
+    serving = record()
+    assert cut_off.filter(serving)
+    assert serving.levelno == logging.ERROR and serving.exc_info is not None
+
+    server.should_exit = True
+    stopping = record()
+    assert cut_off.filter(stopping)
+    assert stopping.levelno == logging.WARNING and stopping.getMessage() == CUT_OFF
+    assert stopping.exc_info is None

@@ -137,11 +137,8 @@ class RedisBackend:
         flusher = self._caller.flusher
         if flusher is not None:
             self._tasks.append(flusher)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(Exception):
-                await cancel_and_wait(task)
+        stopping = (cancel_and_wait(task) for task in self._tasks)
+        await asyncio.gather(*stopping, return_exceptions=True)
         self._tasks.clear()
         await self._leadership.resign()
         with contextlib.suppress(Exception):
