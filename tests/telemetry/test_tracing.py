@@ -62,6 +62,16 @@ class Holding:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
+async def seat_held(
+    http: httpx.AsyncClient, gated: GatewayMiddleware, headers: dict[str, str]
+) -> asyncio.Future[httpx.Response]:
+    """A request to ``/hold``, once it holds the gateway's only seat (``Holding`` keeps it
+    until released)."""
+    holding = asyncio.ensure_future(http.get("/hold", headers=headers))
+    await eventually(lambda: gated.gateway.snapshot().inflight == 1, "a request holding")
+    return holding
+
+
 @pytest.mark.anyio
 async def test_each_request_gets_an_admission_span(spans: InMemorySpanExporter) -> None:
     """acme is admitted at once, beta waits for acme's seat, gamma is refused: three spans
@@ -79,9 +89,7 @@ async def test_each_request_gets_an_admission_span(spans: InMemorySpanExporter) 
         serve_in_task(gated) as server,
         httpx.AsyncClient(base_url=server.url, trust_env=False) as http,
     ):
-        headers = {"x-tenant": "acme", "traceparent": TRACEPARENT}
-        holding = asyncio.ensure_future(http.get("/hold", headers=headers))
-        await eventually(lambda: gated.gateway.snapshot().inflight == 1, "acme holding")
+        holding = await seat_held(http, gated, {"x-tenant": "acme", "traceparent": TRACEPARENT})
         waiting = asyncio.ensure_future(http.get("/", headers={"x-tenant": "beta"}))
         await eventually(lambda: gated.gateway.snapshot().queued == 1, "beta waiting")
         refused = await http.get("/", headers={"x-tenant": "gamma"})
@@ -122,8 +130,7 @@ async def test_a_request_refused_after_queueing_says_how_long_it_waited(
         serve_in_task(gated) as server,
         httpx.AsyncClient(base_url=server.url, trust_env=False) as http,
     ):
-        holding = asyncio.ensure_future(http.get("/hold", headers={"x-tenant": "acme"}))
-        await eventually(lambda: gated.gateway.snapshot().inflight == 1, "acme holding")
+        holding = await seat_held(http, gated, {"x-tenant": "acme"})
         refused = await http.get("/", headers={"x-tenant": "beta"})
         assert refused.status_code == 503
         app.release.set()
