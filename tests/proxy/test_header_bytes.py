@@ -7,9 +7,9 @@ import httpx
 import pytest
 
 from gateway.loopback import serve_in_task
-from gateway.proxy import ProxyApp, proxy_to
+from gateway.proxy import proxy_to
 from gateway.types import Receive, Scope, Send
-from tests.proxy.upstreams import Answering, Echo, FakeRoute, header_values, read_body, routed
+from tests.proxy.upstreams import Answering, Echo, header_values, proxy_over, read_body
 
 pytestmark = pytest.mark.anyio
 
@@ -81,13 +81,8 @@ async def test_a_response_header_over_8190_bytes_is_relayed_and_not_retried(
     reaches the client whole; the POST runs once, on the first upstream (it used to be
     taken for a failure before answering, run again on the next upstream, and 502)."""
     large, other = LargeHeader(9000), Answering("other", 200)
-    async with (
-        serve_in_task(large, lifespan="off") as first,
-        serve_in_task(other, lifespan="off") as second,
-    ):
-        route = FakeRoute(first.url, second.url)
-        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
-            response = await http.post(f"{proxy.url}/v1/completions", json={"prompt": "hi"})
+    async with proxy_over(large, other) as (url, route):
+        response = await http.post(f"{url}/v1/completions", json={"prompt": "hi"})
 
     assert response.status_code == 200
     assert response.headers["x-large"] == large.value.decode()
@@ -103,13 +98,8 @@ async def test_a_response_head_the_proxy_cannot_read_is_a_502_and_never_retried(
     request ran there; the client gets 502 ``upstream_bad_response`` and the next
     upstream is not asked, whatever the method."""
     large, other = LargeHeader(70_000), Answering("other", 200)
-    async with (
-        serve_in_task(large, lifespan="off") as first,
-        serve_in_task(other, lifespan="off") as second,
-    ):
-        route = FakeRoute(first.url, second.url)
-        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
-            response = await http.request(method, f"{proxy.url}/v1/completions")
+    async with proxy_over(large, other) as (url, route):
+        response = await http.request(method, f"{url}/v1/completions")
 
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_bad_response"

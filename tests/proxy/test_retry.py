@@ -19,6 +19,7 @@ from tests.proxy.upstreams import (
     FakeRoute,
     breaks_after_first_chunk,
     closed_upstream,
+    proxy_over,
     read_cut_short,
     routed,
 )
@@ -50,17 +51,12 @@ async def test_a_503_before_the_first_byte_is_retried_with_the_same_request(
 ) -> None:
     """The next upstream gets the method, path, query, headers and body the first one got."""
     failing, healthy = Answering("first", 503), Answering("second", 200)
-    async with (
-        serve_in_task(failing, lifespan="off") as first,
-        serve_in_task(healthy, lifespan="off") as second,
-    ):
-        route = FakeRoute(first.url, second.url)
-        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
-            response = await http.post(
-                f"{proxy.url}/v1/completions?api-version=1&x=a%2Fb",
-                json=COMPLETION,
-                headers={"authorization": "Bearer sk-test", "x-tenant": "gold"},
-            )
+    async with proxy_over(failing, healthy) as (url, route):
+        response = await http.post(
+            f"{url}/v1/completions?api-version=1&x=a%2Fb",
+            json=COMPLETION,
+            headers={"authorization": "Bearer sk-test", "x-tenant": "gold"},
+        )
 
     assert response.status_code == 200
     assert response.json() == {"upstream": "second", "status": 200}
@@ -155,13 +151,8 @@ async def test_only_a_body_within_retry_body_bytes_is_sent_again(
             yield body[start : min(start + 16, size)]
 
     failing, healthy = Answering("first", 503), Answering("second", 200)
-    async with (
-        serve_in_task(failing, lifespan="off") as first,
-        serve_in_task(healthy, lifespan="off") as second,
-    ):
-        route = FakeRoute(first.url, second.url)
-        async with serve_in_task(routed(ProxyApp(retry_body_bytes=64), route)) as proxy:
-            response = await http.post(f"{proxy.url}/v1/completions", content=pieces())
+    async with proxy_over(failing, healthy, ProxyApp(retry_body_bytes=64)) as (url, route):
+        response = await http.post(f"{url}/v1/completions", content=pieces())
 
     assert response.status_code == (200 if retried else 503)
     assert route.reroutes == (1 if retried else 0)
@@ -214,13 +205,8 @@ async def test_a_post_answered_500_502_or_504_is_relayed_and_never_run_again(
     still: the client gets that answer, and no other upstream runs it a second time (a
     5xx on a POST used to be retried)."""
     failing, healthy = Answering("first", status), Answering("second", 200)
-    async with (
-        serve_in_task(failing, lifespan="off") as first,
-        serve_in_task(healthy, lifespan="off") as second,
-    ):
-        route = FakeRoute(first.url, second.url)
-        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
-            response = await http.post(f"{proxy.url}/v1/completions", json=COMPLETION)
+    async with proxy_over(failing, healthy) as (url, route):
+        response = await http.post(f"{url}/v1/completions", json=COMPLETION)
 
     assert response.status_code == status
     assert response.json() == {"upstream": "first", "status": status}
@@ -235,13 +221,8 @@ async def test_an_idempotent_request_answered_500_is_retried(
     """A method that may run twice by definition (RFC 9110) still gets its retry on any
     5xx."""
     failing, healthy = Answering("first", 500), Answering("second", 200)
-    async with (
-        serve_in_task(failing, lifespan="off") as first,
-        serve_in_task(healthy, lifespan="off") as second,
-    ):
-        route = FakeRoute(first.url, second.url)
-        async with serve_in_task(routed(ProxyApp(), route)) as proxy:
-            response = await http.request(method, f"{proxy.url}/v1/files/f-1")
+    async with proxy_over(failing, healthy) as (url, route):
+        response = await http.request(method, f"{url}/v1/files/f-1")
 
     assert response.status_code == 200
     assert response.json() == {"upstream": "second", "status": 200}

@@ -12,13 +12,15 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
 import pytest
 
+from gateway.loopback import serve_in_task
+from gateway.proxy import ProxyApp
 from gateway.types import ASGIApp, Receive, Scope, Send
 
 T = TypeVar("T")
@@ -110,6 +112,22 @@ def routed(app: ASGIApp, route: FakeRoute, *, with_upstream_key: bool = True) ->
         await app(scope, receive, send)
 
     return router
+
+
+@contextlib.asynccontextmanager
+async def proxy_over(
+    first: ASGIApp, second: ASGIApp, proxy: ProxyApp | None = None
+) -> AsyncIterator[tuple[str, FakeRoute]]:
+    """``proxy`` (a default ``ProxyApp``) served on loopback in front of two served
+    upstreams, routed to ``first`` and rerouted to ``second``; yields the proxy's URL and
+    the route, whose ``reroutes`` say whether the second was asked."""
+    async with (
+        serve_in_task(first, lifespan="off") as one,
+        serve_in_task(second, lifespan="off") as other,
+    ):
+        route = FakeRoute(one.url, other.url)
+        async with serve_in_task(routed(proxy or ProxyApp(), route)) as served:
+            yield served.url, route
 
 
 @dataclass(frozen=True)
