@@ -21,6 +21,11 @@ _FLAG_OF = {
 }
 
 
+MAX_LIMIT = 1000
+"""The demo's highest ``--limit``: every tenant runs that many clients in this process (the
+flooding one three times as many), and thousands of them only make the table slower."""
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "demo",
@@ -33,7 +38,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=DefaultsShown,
     )
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load")
-    parser.add_argument("--limit", type=int, default=16, help="global_max_in_flight")
+    parser.add_argument(
+        "--limit", type=int, default=16, help=f"global_max_in_flight, at most {MAX_LIMIT}"
+    )
     parser.add_argument(
         "--policy",
         default="block",
@@ -66,8 +73,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.duration <= 3600:  # also refuses nan
         return _usage("--duration: expected seconds between 0 and 3600")
-    if args.limit < 1:
-        return _usage("--limit: expected a whole number of at least 1")
+    if not 1 <= args.limit <= MAX_LIMIT:
+        return _usage(f"--limit: expected a whole number from 1 to {MAX_LIMIT}")
     names = [part.split(":")[0].strip() for part in args.tenants.split(",") if part.strip()]
     flood = args.flood if args.flood is not None else (names[-1] if names else None)
     tenants = parse_tenants(args.tenants, limit=args.limit, flood=flood)

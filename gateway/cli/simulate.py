@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import math
-from collections.abc import Callable
-from dataclasses import replace
-from typing import Any
 
 from gateway.cli.defaults import DefaultsShown, setting_default
-from gateway.errors import ConfigError
-from gateway.settings import parsers
+from gateway.cli.simulate_plan import plan_of, with_value
 from gateway.simulate import profiles
-from gateway.simulate.errors import BadFlag
-from gateway.simulate.profiles import Profile
 from gateway.simulate.render import as_json, run_table, sweep_table
 from gateway.simulate.report import (
     add_fitness,
@@ -22,9 +15,8 @@ from gateway.simulate.report import (
     report,
     write_records,
 )
-from gateway.simulate.run import FLAG_OF_SETTING, Plan, settings_for, simulate
+from gateway.simulate.run import Plan, settings_for, simulate
 from gateway.simulate.sweep import Sweep, answer, meets, parse_slo, parse_sweep
-from gateway.simulate.workload import MAX_GROUPS, MAX_TOKENS, Workload, parse_shares, parse_tokens
 
 DEFAULT_MODEL = "qwen/qwen3-14b"
 
@@ -208,16 +200,16 @@ def _setting(name: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     plan = plan_of(args)
-    weights = parse_weights(args.fitness_weights) if args.fitness_weights else None
-    slo = parse_slo(args.slo) if args.slo else None
-    sweep = parse_sweep(args.sweep) if args.sweep else None
-    plans = [plan] if sweep is None else [_with(plan, sweep.flag, v) for v in sweep.values]
+    weights = parse_weights(args.fitness_weights) if args.fitness_weights is not None else None
+    slo = parse_slo(args.slo) if args.slo is not None else None
+    sweep = parse_sweep(args.sweep) if args.sweep is not None else None
+    plans = [plan] if sweep is None else [with_value(plan, sweep.flag, v) for v in sweep.values]
     # checked first: a path that cannot be written stops the command before it runs
-    if args.results_path:
+    if args.results_path is not None:
         check_records_path(args.results_path)
     results = [simulate(p) for p in plans]
     reports = [report(r) for r in results]
-    if args.results_path:
+    if args.results_path is not None:
         with open(args.results_path, "w", encoding="utf-8") as sink:
             values = [None] if sweep is None else list(sweep.values)
             write_records(sink, sweep.flag if sweep else None, zip(values, results, strict=True))
@@ -251,117 +243,6 @@ def run(args: argparse.Namespace) -> int:
         )
     print(sweep_table(sweep.flag, sweep.values, reports, heading, verdict), end="")
     return 0
-
-
-def plan_of(args: argparse.Namespace) -> Plan:
-    """The run the flags describe; `BadFlag` for the first unusable one."""
-    profile = profiles.from_file(args.profile) if args.profile else profiles.named(args.model)
-    profile = _engine_flags(profile, args)
-    _at_least("--num-instances", args.num_instances, 1)
-    _at_least("--num-requests", args.num_requests, 1)
-    _at_least("--prefix-tokens", args.prefix_tokens, 0, MAX_TOKENS)
-    _at_least("--prefix-groups", args.prefix_groups, 1, MAX_GROUPS)
-    if not math.isfinite(args.rate) or args.rate <= 0:
-        raise BadFlag("--rate", args.rate, "requests per second, a number above 0")
-    if not math.isfinite(args.scrape_interval) or args.scrape_interval < 0:
-        raise BadFlag("--scrape-interval", args.scrape_interval, "seconds, 0 or more")
-    workload = Workload(
-        rate=args.rate,
-        num_requests=args.num_requests,
-        input_tokens=parse_tokens("--input-tokens", args.input_tokens),
-        output_tokens=parse_tokens("--output-tokens", args.output_tokens),
-        prefix_tokens=args.prefix_tokens,
-        prefix_groups=args.prefix_groups,
-        tenants=parse_shares("--tenants", args.tenants) if args.tenants else None,
-    )
-    gateway: dict[str, Any] = {}
-    given: list[tuple[str, Any, Callable[[str, str], Any] | None]] = [
-        ("routing_policy", args.routing_policy, None),
-        ("routing_scorers", args.routing_scorers, None),
-        ("global_max_in_flight", args.max_in_flight, None),
-        ("overflow_policy", args.policy, None),
-        ("capacity_providers", args.capacity_providers, parsers.env_list),
-        ("max_queue", args.max_queue, None),
-        ("queue_timeout_s", args.queue_timeout, None),
-        ("tenant_weights", args.tenant_weights, parsers.env_weights),
-        ("tenant_max_in_flight", args.tenant_max_in_flight, parsers.env_caps),
-    ]
-    for setting, value, parse in given:
-        if value is None:
-            continue
-        try:
-            gateway[setting] = parse(setting, value) if parse is not None else value
-        except ConfigError as exc:
-            raise BadFlag(FLAG_OF_SETTING[setting], value, exc.expected, told=True) from None
-    return Plan(
-        profile=profile,
-        workload=workload,
-        num_instances=args.num_instances,
-        seed=args.seed,
-        scrape_interval_s=args.scrape_interval,
-        gateway=gateway,
-    )
-
-
-#: The instance flags, each with the profile's engine field it sets.
-_ENGINE_FLAGS = {
-    "--total-kv-blocks": "kv_cache_blocks",
-    "--max-num-seqs": "max_num_seqs",
-    "--max-num-batched-tokens": "max_num_batched_tokens",
-    "--block-size-in-tokens": "block_size_tokens",
-}
-
-
-def _engine_flags(profile: Profile, args: argparse.Namespace) -> Profile:
-    """``profile`` with the instance flags given applied; `BadFlag` for a value the step
-    model cannot use."""
-    changes: dict[str, Any] = {}
-    for flag, field in _ENGINE_FLAGS.items():
-        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
-        if value is not None:
-            changes[field] = value
-    if changes.get("kv_cache_blocks", 0) >= 1:  # a bad one is told as itself, below
-        # a cached prefix lives in KV memory no sequence holds: the cache is as large
-        changes["prefix_cache_blocks"] = changes["kv_cache_blocks"]
-    if args.no_enable_prefix_caching:
-        changes["prefix_cache_blocks"] = 0
-    return _engine(profile, changes)
-
-
-def _engine(profile: Profile, changes: dict[str, Any]) -> Profile:
-    """``profile`` with engine fields ``changes``, a `BadFlag` naming the flag of the first
-    unusable one."""
-    if not changes:
-        return profile
-    try:
-        return replace(profile, config=replace(profile.config, **changes))
-    except ConfigError as exc:
-        flags = {field: flag for flag, field in _ENGINE_FLAGS.items()}
-        flag = flags.get(exc.setting, "--total-kv-blocks")
-        raise BadFlag(flag, exc.value, exc.expected, told=True) from None
-
-
-def _with(plan: Plan, flag: str, value: float) -> Plan:
-    """``plan`` with the swept flag set to ``value``."""
-    if flag == "total-kv-blocks":
-        blocks = int(value)
-        changes = {"kv_cache_blocks": blocks}
-        if plan.profile.config.prefix_cache_blocks:
-            changes["prefix_cache_blocks"] = blocks
-        return replace(plan, profile=_engine(plan.profile, changes))
-    if flag == "max-num-seqs":
-        return replace(plan, profile=_engine(plan.profile, {"max_num_seqs": int(value)}))
-    if flag == "num-instances":
-        return replace(plan, num_instances=int(value))
-    if flag == "rate":
-        return replace(plan, workload=replace(plan.workload, rate=value))
-    return replace(plan, gateway={**plan.gateway, "global_max_in_flight": int(value)})
-
-
-def _at_least(flag: str, value: int, minimum: int, maximum: int | None = None) -> None:
-    if value < minimum or (maximum is not None and value > maximum):
-        most = "" if maximum is None else f" and at most {maximum}"
-        raise BadFlag(flag, value, f"a whole number of at least {minimum}{most}")
 
 
 def _heading(plan: Plan, sweep: Sweep | None) -> list[str]:

@@ -19,6 +19,10 @@ from gateway.sim.config import SimConfig
 from gateway.sim.records import Sequence
 from gateway.sim.tokens import TokenizedPrompt
 
+MAX_INSTANCES = 10_000
+"""The most instances a simulation runs (``--num-instances``, or a sweep's value): far
+beyond one pool's fleet; each instance's state is built before the run."""
+
 
 class Instance:
     """A simulated server at ``url``: continuous batching on the running loop's clock.

@@ -22,12 +22,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from gateway.errors import ConfigError
 from gateway.sim.config import SimConfig
 from gateway.simulate.errors import BadFlag
+
+MAX_PROFILE_BYTES = 64 * 1024
+"""The longest profile file read: a profile is a few hundred bytes, and a path to a device
+or a huge file by mistake must stop with a message, not read without end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +70,18 @@ def named(model: str) -> Profile:
 def from_file(path: str) -> Profile:
     """The profile in the JSON file at ``path``; `BadFlag` naming ``--profile`` and what is
     wrong with it."""
+    if not path:
+        raise BadFlag("--profile", path, "the name of a JSON file")
     try:
-        data = json.loads(Path(path).read_text("utf-8"))
+        with open(path, "rb") as file:
+            text = file.read(MAX_PROFILE_BYTES + 1)
     except OSError as exc:
         raise BadFlag("--profile", path, f"a readable file ({exc.strerror})") from None
+    if len(text) > MAX_PROFILE_BYTES:
+        longest = f"a profile of at most {MAX_PROFILE_BYTES // 1024} KiB (it is longer)"
+        raise BadFlag("--profile", path, longest)
+    try:
+        data = json.loads(text.decode("utf-8"))
     except ValueError as exc:
         raise BadFlag("--profile", path, f"a JSON file ({exc})") from None
     return _parse(data, path)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.simulate.errors import BadFlag
+from gateway.simulate.instance import MAX_INSTANCES
 
 #: What may be swept, whether its values are whole numbers, and which end answers.
 SWEEPABLE = {
@@ -22,6 +23,10 @@ SWEEPABLE = {
     "total-kv-blocks": (int, "smallest"),
     "max-num-seqs": (int, "smallest"),
 }
+
+#: The largest value of a swept flag that its own checks do not bound (the others are
+#: checked as the flag itself is, by the engine's or the gateway's settings).
+MOST = {"num-instances": MAX_INSTANCES}
 
 #: Report figures where more is better: an objective on them is a floor. Every other
 #: figure (latencies, preemptions, rejections, imbalance) is a ceiling.
@@ -94,6 +99,9 @@ def parse_sweep(text: str) -> Sweep:
         values = tuple(low + i * step for i in range(math.floor(span + 1e-9) + 1))
     if not values or len(values) > 200 or not all(math.isfinite(v) and v > 0 for v in values):
         raise BadFlag("--sweep", text, "between 1 and 200 values, each above 0")
+    most = MOST.get(name)
+    if most is not None and max(values) > most:
+        raise BadFlag("--sweep", text, f"values of {name} of at most {most}")
     return Sweep(name, tuple(round(v, 9) for v in values))
 
 

@@ -57,6 +57,11 @@ MAX_TOKENS = 10_000_000
 any model's context, and the prompt's text is built in memory."""
 
 
+MAX_REQUESTS = 1_000_000
+"""The most requests a simulation runs: each is drawn before the run and kept for the
+report (about 3 KB each; a million takes minutes and gigabytes)."""
+
+
 MAX_GROUPS = 100_000
 """The most shared-prefix groups: each group's prefix text is built before the run."""
 

@@ -142,6 +142,17 @@ BAD_FLAGS: list[tuple[str, Any, list[str]]] = [
     ("--sweep", "rate=1..inf", ["between 1 and 200 values"]),
     ("--sweep", "num-instances=1..1000000000", ["between 1 and 200 values"]),
     ("--sweep", "rate=1..10:1e-300", ["between 1 and 200 values"]),
+    ("--num-instances", "20000", ["at most 10000"]),
+    ("--num-requests", "2000000", ["at most 1000000"]),
+    ("--sweep", "num-instances=1,20000", ["at most 10000"]),
+    # a device or a huge file by mistake: this used to read until memory ran out
+    ("--profile", "/dev/zero", ["at most 64 KiB"]),
+    # an empty value is a mistake to tell, not the flag left out
+    ("--profile", "", ["the name of a JSON file"]),
+    ("--results-path", "", ["writable"]),
+    ("--sweep", "", ["NAME=LOW..HIGH"]),
+    ("--slo", "", ["figure=bound"]),
+    ("--fitness-weights", "", ["name:weight"]),
 ]
 
 
