@@ -137,18 +137,16 @@ class _Admin:
 
 
 async def _heard(gateway: Gateway) -> None:
-    """Return once the pool has heard a new ceiling, in cluster mode: the Redis backend
-    sends it at once and keeps the pool's limit from Redis' reply (``settled``), so that
-    the PUT's answer, and a GET on this pod after it, are the pool's limit with the new
-    ceiling. Bounded by ``redis_retry_budget_s``: a pod that cannot reach Redis degrades
-    and answers its own limit. In process the limit has changed already."""
-    settled = getattr(gateway.backend, "settled", None)
-    if settled is not None:
-        # under steady traffic the caller may never fall idle: wait a retry budget at
-        # most (the ceiling went out with the first call, answered long before)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(gateway.settings.redis_retry_budget_s):
-                await settled()
+    """Return once the pool has heard a new ceiling (``CounterBackend.settled``): the Redis
+    backend sends it at once and keeps the pool's limit from Redis' reply, so that the
+    PUT's answer, and a GET on this pod after it, are the pool's limit with the new
+    ceiling. Bounded by ``redis_retry_budget_s``: under steady traffic the pod may never
+    fall quiet (the ceiling went out with the first call, answered long before), and a pod
+    that cannot reach Redis degrades and answers its own limit. In process the limit has
+    changed already."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(gateway.settings.redis_retry_budget_s):
+            await gateway.backend.settled()
 
 
 def _bearer(scope: Scope) -> bytes | None:

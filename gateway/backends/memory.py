@@ -98,6 +98,9 @@ class MemoryBackend:
     def limit_changed(self) -> None:
         self._dispatch()
 
+    async def settled(self) -> None:
+        """Nothing to wait for: the limit in force is this process's own."""
+
     def shared_with_pids(self) -> tuple[int, ...]:
         """The other processes serving this one's listening sockets now, each with an
         in-process budget of its own (``uvicorn --workers``, gunicorn); sorted, empty when
