@@ -33,10 +33,10 @@ def plan_of(args: argparse.Namespace) -> Plan:
         profiles.from_file(args.profile) if args.profile is not None else profiles.named(args.model)
     )
     profile = _engine_flags(profile, args)
-    at_least("--num-instances", args.num_instances, 1, MAX_INSTANCES)
-    at_least("--num-requests", args.num_requests, 1, MAX_REQUESTS)
-    at_least("--prefix-tokens", args.prefix_tokens, 0, MAX_TOKENS)
-    at_least("--prefix-groups", args.prefix_groups, 1, MAX_GROUPS)
+    _within("--num-instances", args.num_instances, 1, MAX_INSTANCES)
+    _within("--num-requests", args.num_requests, 1, MAX_REQUESTS)
+    _within("--prefix-tokens", args.prefix_tokens, 0, MAX_TOKENS)
+    _within("--prefix-groups", args.prefix_groups, 1, MAX_GROUPS)
     if not math.isfinite(args.rate) or args.rate <= 0:
         raise BadFlag("--rate", args.rate, "requests per second, a number above 0")
     if not math.isfinite(args.scrape_interval) or args.scrape_interval < 0:
@@ -134,7 +134,7 @@ def with_value(plan: Plan, flag: str, value: float) -> Plan:
     return replace(plan, gateway={**plan.gateway, "global_max_in_flight": int(value)})
 
 
-def at_least(flag: str, value: int, minimum: int, maximum: int | None = None) -> None:
+def _within(flag: str, value: int, minimum: int, maximum: int | None = None) -> None:
     if value < minimum or (maximum is not None and value > maximum):
         most = "" if maximum is None else f" and at most {maximum}"
         raise BadFlag(flag, value, f"a whole number of at least {minimum}{most}")
