@@ -2,7 +2,8 @@
 
 The middleware sorts scopes: lifespan is wrapped (the gateway starts and stops with the
 server), websockets and other scopes pass through, exempt paths (health, metrics, admin)
-go straight to the app, and every other HTTP request is handed to a ``Flight``
+go straight to the app (or, for an app that forwards them, are routed first: ``exempt.py``),
+and every other HTTP request is handed to a ``Flight``
 (``flight.py``), which classifies it, admits it through the one gate (or answers
 503/429), routes it, runs the app and gives the seats back exactly once, at the
 response's last chunk: a streamed response keeps its seats until its last token.
@@ -14,6 +15,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import cast
 
+from gateway.asgi.exempt import pass_routed
 from gateway.asgi.flight import Flight, answer_not_started
 from gateway.asgi.lifespan import run_lifespan
 from gateway.asgi.plan import FlightPlan
@@ -45,6 +47,12 @@ class GatewayMiddleware:
     the record also holds ``upstream`` (the base URL chosen), ``scores`` (why) and
     ``route`` (the router's ``Decision``, whose ``upstream`` follows a retry on another
     upstream); the request counts against its upstream until its last chunk is sent.
+
+    Requests on ``exempt_paths`` reach the app as they came, with no record. With
+    ``route_exempt=True`` and upstreams configured, they are routed first (no seat, no
+    queue; see ``gateway.asgi.exempt``) and their record holds ``upstream``, ``scores`` and
+    ``route``: for an app that forwards every request to the chosen upstream, as
+    ``ProxyApp`` does, which would otherwise have nowhere to send them.
     """
 
     def __init__(
@@ -54,8 +62,10 @@ class GatewayMiddleware:
         *,
         gateway: Gateway | None = None,
         plugins: Iterable[object] = (),
+        route_exempt: bool = False,
     ) -> None:
         self.app = app
+        self._route_exempt = route_exempt
         self._complaints = Complaints()
         #: what every request shares; None while the gateway could not be assembled
         self._plan: FlightPlan | None = None
@@ -92,7 +102,10 @@ class GatewayMiddleware:
         if scope.get("root_path"):  # ``uvicorn --root-path``: matched below it, as apps route
             path = route_path(scope)
         if self._exempt.covers(path):
-            await self.app(scope, receive, send)
+            if self._route_exempt and self._plan is not None:
+                await pass_routed(self._plan, scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
         elif self._plan is not None:
             await Flight(self._plan, scope, receive, send).run()
         else:

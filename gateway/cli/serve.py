@@ -171,7 +171,8 @@ def build_app(settings: Settings, *, export: PrometheusExport | None = None) -> 
         # a response's head lines may be as long as a request's head
         max_header_bytes=settings.max_header_bytes,
     )
-    timed = _body_timed(GatewayMiddleware(proxy, gateway=gateway), settings)
+    # exempt paths the probes and the model list do not answer are forwarded too
+    timed = _body_timed(GatewayMiddleware(proxy, gateway=gateway, route_exempt=True), settings)
     readings = gateway.readings
     catalog = ModelCatalog(settings.upstreams, healthy=lambda url: readings.get(url).healthy)
     listed = ModelList(timed, catalog, retry_after_s=settings.retry_after_s)

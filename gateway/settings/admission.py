@@ -137,7 +137,9 @@ class AdmissionSettings(Declared):
         "`/`: the probes, metrics, the admin API and its dashboard, which operators need "
         "during overload. "
         "A path with a `.` or `..` segment (`/healthz/../v1/completions`) never counts. "
-        "Matched below the ASGI root path (`uvicorn --root-path /gw`: `/gw/healthz`).",
+        "Matched below the ASGI root path (`uvicorn --root-path /gw`: `/gw/healthz`). "
+        "Under `obleth serve`, requests on them that it does not answer itself are still "
+        "forwarded to an upstream, without admission.",
         parse=parsers.env_list,
         check=checks.check_paths,
     )
