@@ -35,9 +35,10 @@ class ProxyApp:
     Method, path, query string, headers (without hop-by-hop ones; ``host`` becomes the
     upstream's; ``X-Forwarded-For``, ``-Host`` and ``-Proto`` are this hop's, see
     ``trusted_proxies``) and body go to the upstream as the client sent them; status,
-    headers and body come back as the upstream sent them, chunk by chunk.
-    ``gateway.proxy.exchange``
-    says what happens when the client disconnects, when the upstream fails or is too slow
+    headers and body come back as the upstream sent them, chunk by chunk, but for a
+    ``Location`` on the upstream itself, told as the same path on the gateway
+    (``gateway.proxy.upstream.client_location``). ``gateway.proxy.exchange`` says what
+    happens when the client disconnects, when the upstream fails or is too slow
     (502/503/504 JSON errors before the response has started, a cut-short response after),
     and when a request is retried.
 

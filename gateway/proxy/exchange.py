@@ -63,7 +63,7 @@ from gateway.proxy.headers import as_text, to_client
 from gateway.proxy.inbound import ClientSend, Inbound
 from gateway.proxy.outbound import Outbound, Outcome, describe
 from gateway.proxy.retries import worth_retrying
-from gateway.proxy.upstream import Reroutable
+from gateway.proxy.upstream import Reroutable, client_location
 from gateway.routing.upstreams import parse_upstream
 from gateway.types import Receive, Scope, Send
 
@@ -166,7 +166,7 @@ async def _relay(
         if isinstance(outcome, UpstreamFailure):
             await answer_failure(send, _origin(url), outcome)
         else:
-            await _stream_back(outcome, url, send, read_timeout_s, upstream.writes)
+            await _stream_back(outcome, url, upstream, send, read_timeout_s)
     finally:
         upstream.stop_watching()
         if outcome is not None:
@@ -233,22 +233,22 @@ def _discard(outcome: Outcome) -> None:
 async def _stream_back(
     response: aiohttp.ClientResponse,
     url: URL,
+    request: Outbound,
     send: ClientSend,
     read_timeout_s: float | None,
-    writes: Watchdog | None,
 ) -> None:
-    """Relay ``response`` to the client, cut short (no final message) when the upstream
-    fails, goes silent for ``read_timeout_s``, or stops taking a body still being streamed
-    to it (``writes``)."""
+    """Relay ``response`` (to ``request``, sent to ``url``) to the client, cut short (no
+    final message) when the upstream fails, goes silent for ``read_timeout_s``, or stops
+    taking a body still being streamed to it (``request.writes``). A ``Location`` on the
+    upstream itself is told as the gateway's (``client_location``)."""
     silence = None if read_timeout_s is None else Watchdog(read_timeout_s)
+    writes = request.writes
+    headers = [
+        (name, client_location(value, url, request.scope) if name == b"location" else value)
+        for name, value in to_client(response.raw_headers)
+    ]
     try:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status,
-                "headers": to_client(response.raw_headers),
-            }
-        )
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
         # the bytes as the upstream encoded them (the session never decodes), matching its
         # Content-Length and Content-Encoding, which are forwarded unchanged
         read = response.content.readany

@@ -46,7 +46,8 @@ class Outbound:
         response_timeout_s: float | None,
     ) -> None:
         self._session = session
-        self._scope = scope
+        #: the client's request
+        self.scope = scope
         self.method: str = scope["method"]
         self._headers = headers
         self._content = content
@@ -87,7 +88,7 @@ class Outbound:
 
     def url_on(self, base: httpx.URL) -> URL:
         """Where the request goes on the upstream at ``base``."""
-        return target_url(base, self._scope)
+        return target_url(base, self.scope)
 
     async def send_to(self, url: URL) -> Outcome:
         """The response from ``url``, its body still to be read, or the failure that came

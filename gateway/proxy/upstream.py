@@ -139,10 +139,7 @@ def target_url(base: httpx.URL, scope: Scope) -> URL:
     The path goes as the client sent it (``raw_path``, so percent-escapes such as ``%2F``
     survive) behind the base URL's own path, and the query string byte for byte.
     """
-    path: bytes | None = scope.get("raw_path")
-    if not path:
-        path = quote(scope.get("path") or "/").encode("ascii")
-    target = _prefix_of(base) + path.decode("latin-1")
+    target = _prefix_of(base) + _client_path(scope)
     query: bytes = scope.get("query_string", b"")
     if query:
         target += "?" + query.decode("latin-1")
@@ -155,3 +152,38 @@ def _prefix_of(base: httpx.URL) -> str:
     what every forwarded path is put behind (built once per upstream, not per request)."""
     path = base.raw_path.decode("ascii").rstrip("/")
     return f"{base.scheme}://{base.netloc.decode('ascii')}{path}"
+
+
+def client_location(location: bytes, url: URL, scope: Scope) -> bytes:
+    """The ``Location`` an upstream answered the request of ``scope``, sent to ``url``,
+    as the client should get it: an absolute URL on the upstream itself (``http://vllm-0:8000
+    /v1/models``, a framework's redirect to the canonical path) becomes the same path on
+    the gateway (``/v1/models``, without the upstream base URL's own path), so that the
+    client follows it through the gateway and never learns the upstream's address. Any
+    other value (a relative one, another host's, one that is not a URL) is kept."""
+    try:
+        target = URL(location.decode("latin-1"), encoded=True)
+    except ValueError:
+        return location
+    if not target.absolute or target.origin() != url.origin():
+        return location
+    base_path = url.raw_path.removesuffix(_client_path(scope))
+    path = target.raw_path
+    if base_path and base_path != "/":
+        if path != base_path and not path.startswith(base_path.rstrip("/") + "/"):
+            return location  # outside the upstream's base: not one of the gateway's paths
+        path = path[len(base_path.rstrip("/")) :] or "/"
+    relative = path
+    if target.raw_query_string:
+        relative += "?" + target.raw_query_string
+    if target.raw_fragment:
+        relative += "#" + target.raw_fragment
+    return relative.encode("latin-1")
+
+
+def _client_path(scope: Scope) -> str:
+    """The path of ``scope`` as the client sent it, percent-escapes kept."""
+    path: bytes | None = scope.get("raw_path")
+    if not path:
+        path = quote(scope.get("path") or "/").encode("ascii")
+    return path.decode("latin-1")
