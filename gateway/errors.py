@@ -87,9 +87,13 @@ class PluginError(OblethError):
 class BadRequest(OblethError):
     """A request Obleth cannot classify (a bad priority header, a body over the bound)."""
 
-    def __init__(self, message: str, *, param: str | None = None, status: int = 400) -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, status: int = 400, close: bool = False
+    ) -> None:
         self.param = param
         self.status = status
+        #: whether the answer must close the connection: the body was left unread
+        self.close = close
         super().__init__(message)
 
 

@@ -38,6 +38,7 @@ from typing import Any
 from gateway.admin import dashboard, openapi
 from gateway.admin.contract import CAPACITY_PATH, MAX_BODY_BYTES, MAX_LIMIT, STATUS_PATH
 from gateway.admin.status import status
+from gateway.asgi.body import BodyTooLarge, RequestBody, declared_length
 from gateway.asgi.responses import error_document, send_json, send_json_error
 from gateway.capacity import ceiling_of
 from gateway.core.exemptions import route_path
@@ -104,14 +105,21 @@ class _Admin:
         await send_json(send, 200, {"max_in_flight": self.gateway.snapshot().limit})
 
     async def _set_capacity(self, scope: Scope, receive: Receive, send: Send, token: bytes) -> None:
+        # a Content-Length over the bound is refused before the body is taken in
+        reading = RequestBody(receive, MAX_BODY_BYTES, declared_length(scope))
         try:
-            body = await _read_body(receive)
+            body = await reading.read()
+        except BodyTooLarge as exc:
+            larger = f"the body is larger than {MAX_BODY_BYTES} bytes; send {_SHAPE}"
+            await send_json_error(
+                send, 413, larger, code="invalid_body", param="max_in_flight", close=exc.close
+            )
+            return
         except Disconnected:
             return  # nobody to answer (or, cut off for pausing, ``BodyTimeout`` answers 408)
         limit, problem = _limit_of(body)
         if problem is not None:
-            status = 413 if body is None else 422
-            await send_json_error(send, status, problem, code="invalid_body", param="max_in_flight")
+            await send_json_error(send, 422, problem, code="invalid_body", param="max_in_flight")
             return
         assert limit is not None
         gateway = self.gateway
@@ -170,28 +178,8 @@ async def _not_allowed(send: Send, method: str, allowed: tuple[str, ...]) -> Non
     await send_json(send, 405, document, [(b"allow", ", ".join(allowed).encode())])
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The request body; None when it is larger than ``MAX_BODY_BYTES``. ``Disconnected``
-    when the client left before it was whole: a half-sent body changes nothing."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise Disconnected("the client left before its request body was whole")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _limit_of(body: bytes | None) -> tuple[int | None, str | None]:
+def _limit_of(body: bytes) -> tuple[int | None, str | None]:
     """The limit a PUT body asks for, or the problem with the body."""
-    if body is None:
-        return None, f"the body is larger than {MAX_BODY_BYTES} bytes; send {_SHAPE}"
     try:
         document: Any = json.loads(body)
     except (ValueError, RecursionError):

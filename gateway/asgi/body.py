@@ -24,22 +24,38 @@ TIMED_OUT = "obleth.body_timed_out"
 
 
 class BodyTooLarge(BadRequest):
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, declared: bool = False) -> None:
+        """``declared``: the ``Content-Length`` said so, and nothing was read; the answer
+        closes the connection rather than leave the server to take in a body it will
+        throw away."""
         super().__init__(
             f"the request body is larger than the gateway reads ({limit} bytes); "
             "send a smaller body, or raise max_body_bytes",
             status=413,
+            close=declared,
         )
 
 
 class RequestBody:
     """Wraps an ASGI ``receive``: ``read()`` buffers, ``replay`` is the app's ``receive``."""
 
-    __slots__ = ("_buffered", "_complete", "_limit", "_receive", "_seen_bytes", "disconnected")
+    __slots__ = (
+        "_buffered",
+        "_complete",
+        "_declared",
+        "_limit",
+        "_receive",
+        "_seen_bytes",
+        "disconnected",
+    )
 
-    def __init__(self, receive: Receive, limit: int) -> None:
+    def __init__(self, receive: Receive, limit: int, declared: int | None = None) -> None:
+        """``declared``: the ``Content-Length`` of the request (``declared_length``), if
+        any; over ``limit``, ``read()`` refuses the body before taking any of it (and so
+        before the server answers an ``Expect: 100-continue``)."""
         self._receive = receive
         self._limit = limit
+        self._declared = declared
         self._buffered: deque[Message] = deque()
         self._complete = False
         self._seen_bytes = 0
@@ -48,6 +64,8 @@ class RequestBody:
     async def read(self) -> bytes:
         """The whole body; raises ``BodyTooLarge`` past the bound, ``Disconnected`` if the
         client leaves first."""
+        if self._declared is not None and self._declared > self._limit and not self._seen_bytes:
+            raise BodyTooLarge(self._limit, declared=True)
         chunks = []
         while not self._complete:
             message = await self._take()
@@ -101,6 +119,15 @@ class RequestBody:
 
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The request's ``Content-Length``; None without one (a chunked body) or when it is
+    no number (the server refuses such requests before the app sees them)."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
 
 
 def expects_continue(scope: Scope) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from types import MappingProxyType
 
-from gateway.asgi.body import RequestBody, has_json_body
+from gateway.asgi.body import RequestBody, declared_length, has_json_body
 from gateway.asgi.plan import FlightPlan
 from gateway.asgi.responses import send_bad_request, send_json_error
 from gateway.errors import BadRequest, Disconnected, Unroutable
@@ -36,7 +36,7 @@ async def pass_routed(plan: FlightPlan, scope: Scope, receive: Receive, send: Se
     body = None
     payload = None
     if has_json_body(scope):
-        body = RequestBody(receive, plan.max_body)
+        body = RequestBody(receive, plan.max_body, declared_length(scope))
         try:
             payload = await body.read()
         except BadRequest as exc:

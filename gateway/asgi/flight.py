@@ -19,7 +19,7 @@ from collections.abc import Awaitable
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from gateway.asgi.body import RequestBody, expects_continue, has_json_body
+from gateway.asgi.body import RequestBody, declared_length, expects_continue, has_json_body
 from gateway.asgi.plan import FlightPlan, Record
 from gateway.asgi.responses import send_bad_request, send_json_error, send_rejection
 from gateway.complaints import Complaints
@@ -96,7 +96,7 @@ class Flight:
         payload = None
         try:
             if plan.reads_body and has_json_body(scope):
-                self.body = RequestBody(self.receive, plan.max_body)
+                self.body = RequestBody(self.receive, plan.max_body, declared_length(scope))
                 payload = await self.body.read()
             if plan.header_ticket is not None:
                 try:

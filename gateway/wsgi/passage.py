@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any, cast
 from wsgiref.types import StartResponse
+from wsgiref.util import is_hop_by_hop
 
 from gateway.asgi.flight import Flight
 from gateway.asgi.plan import FlightPlan
@@ -44,8 +45,12 @@ class Answer:
             phrase = http.HTTPStatus(self.status).phrase
         except ValueError:
             phrase = ""
+        # hop-by-hop headers (the ASGI answer's ``Connection: close``) are the WSGI
+        # server's to write: PEP 3333 forbids them to the app
         headers = [
-            (name.decode("latin-1"), value.decode("latin-1")) for name, value in self.headers
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in self.headers
+            if not is_hop_by_hop(name.decode("latin-1"))
         ]
         start_response(f"{self.status} {phrase}", headers)
         return [self.body]
