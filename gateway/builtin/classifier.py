@@ -30,6 +30,11 @@ _KEY_HASH = hashlib.blake2b(digest_size=8, person=b"obleth-tenant")
 #: Where an API key is looked for, in this order.
 KEY_HEADERS = tuple(name.encode("latin-1") for name in API_KEY_HEADERS)
 
+#: The longest tenant name a header may give. A tenant's name becomes a label of the
+#: metrics, a key of the fair queue (in Redis too) and a word of the logs: a client must
+#: not make a kilobyte of each out of one header.
+MAX_TENANT_CHARS = 256
+
 #: How many header values each memo holds before it starts over. Two values share an
 #: entry only if their 64-bit hashes collide, which the process's secret hash salt makes
 #: as unlikely as chance allows: for 4096 values, odds below one in 10^12.
@@ -130,7 +135,8 @@ class HeaderReader:
     def ticket(self, headers: Iterable[tuple[bytes, bytes]]) -> Ticket:
         """The ticket of a request with these raw ASGI headers (lower-case names).
 
-        Raises ``BadRequest`` for a priority header, when trusted, that names no priority.
+        Raises ``BadRequest`` for a priority header, when trusted, that names no priority,
+        and for a tenant header naming a tenant longer than ``MAX_TENANT_CHARS``.
         """
         # nearly every request carries one of the headers read, once: it is answered from
         # that header alone; two or more (or one twice) take the general rules
@@ -184,6 +190,13 @@ class HeaderReader:
         memo = self._reads[header]
         assert memo is not None  # a header that names the tenant
         tenant = self._tenant_of[header](value)
+        if len(tenant) > MAX_TENANT_CHARS:
+            name = header.decode("latin-1")
+            raise BadRequest(
+                f"header {name}: a tenant name of {len(tenant)} characters; "
+                f"at most {MAX_TENANT_CHARS} are taken",
+                param=name,
+            )
         known = ticket(tenant, self._default.priority) if tenant else _NONE
         return memo.keep(hash(value), known)
 

@@ -61,7 +61,8 @@ class AdmissionSettings(Declared):
     tenant_header: str | None = setting(
         None,
         doc="Request header naming the tenant (read as UTF-8; a value that is no UTF-8, as "
-        "Latin-1). Without it, the tenant is derived from the API key.",
+        "Latin-1; a name over 256 characters is answered `400`). Without it, the tenant is "
+        "derived from the API key.",
         parse=parsers.env_optional_text,
         check=checks.check_header,
     )

@@ -398,6 +398,27 @@ def test_unknown_priority_gets_400_naming_the_header() -> None:
     run(scenario)
 
 
+def test_a_tenant_name_over_256_characters_gets_400_naming_the_header() -> None:
+    """A tenant's name becomes a metrics label and a queue key: a client may not make one
+    of 65 000 characters. 256 are taken."""
+
+    async def scenario() -> None:
+        app = Echo()
+        gw = GatewayMiddleware(app, Settings(tenant_header="x-tenant"))
+        longest, over = "é" * 256, "t" * 257  # characters, not bytes: é is two in UTF-8
+        answers = []
+        for name in (longest, over):
+            client = Client()
+            await gw(http_scope(headers={"x-tenant": name}), client.receive, client.send)
+            answers.append(client)
+        assert [c.status for c in answers] == [200, 400]
+        error = answers[1].json()["error"]
+        assert error["param"] == "x-tenant" and "at most 256" in error["message"]
+        assert [s["tenant"] for s in app.states] == [longest]
+
+    run(scenario)
+
+
 @pytest.mark.parametrize(
     ("settings", "headers", "status", "reason"),
     [
