@@ -46,6 +46,9 @@ from gateway.errors import Disconnected
 from gateway.gateway import Gateway
 from gateway.types import ASGIApp, Receive, Scope, Send
 
+#: on the answers that read live values: a cache must not answer with an old one
+NO_STORE = (b"cache-control", b"no-store")
+
 log = logging.getLogger("obleth.admin")
 
 #: what the API answers without a token (while it is on): documents, no state
@@ -91,7 +94,7 @@ class _Admin:
             return
         if path == STATUS_PATH:
             if method == "GET":
-                await send_json(send, 200, status(self.gateway))
+                await send_json(send, 200, status(self.gateway), [NO_STORE])
             else:
                 await _not_allowed(send, method, ("GET",))
         elif method == "GET":
@@ -102,7 +105,7 @@ class _Admin:
             await _not_allowed(send, method, ("GET", "PUT"))
 
     async def _capacity(self, send: Send) -> None:
-        await send_json(send, 200, {"max_in_flight": self.gateway.snapshot().limit})
+        await send_json(send, 200, {"max_in_flight": self.gateway.snapshot().limit}, [NO_STORE])
 
     async def _set_capacity(self, scope: Scope, receive: Receive, send: Send, token: bytes) -> None:
         # a Content-Length over the bound is refused before the body is taken in
@@ -141,7 +144,7 @@ class _Admin:
             f"{client[0]}:{client[1]}" if client else "an unknown client",
             hashlib.sha256(token).hexdigest()[:8],
         )
-        await send_json(send, 200, {"max_in_flight": in_force, "ceiling": limit})
+        await send_json(send, 200, {"max_in_flight": in_force, "ceiling": limit}, [NO_STORE])
 
 
 async def _heard(gateway: Gateway) -> None:

@@ -60,6 +60,22 @@ async def test_an_operator_reads_and_changes_the_limit_live(
     assert TOKEN not in caplog.text
 
 
+async def test_answers_with_live_values_tell_caches_not_to_keep_them() -> None:
+    """The status, the limit read and the limit set are ``Cache-Control: no-store``: a
+    browser's or a proxy's cache must not answer the next read with an old limit."""
+    async with (
+        started(global_max_in_flight=4, admin_token=TOKEN) as gateway,
+        admin(gateway) as client,
+    ):
+        answers = [
+            await client.get("/api/v1/status", headers=BEARER),
+            await client.get(CAPACITY, headers=BEARER),
+            await client.put(CAPACITY, headers=BEARER, json={"max_in_flight": 5}),
+        ]
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert [a.headers.get("cache-control") for a in answers] == ["no-store"] * 3
+
+
 async def test_a_put_answers_the_limit_in_force_and_the_ceiling_it_set(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
