@@ -81,6 +81,18 @@ def parse_upstream(url: str, setting: str = "upstream") -> httpx.URL:
         raise ConfigError(setting, url, expected)
     if parsed.query or parsed.fragment:
         raise ConfigError(setting, url, f"{expected}, without a query or fragment")
+    if parsed.userinfo:
+        # the URL names its upstream in logs, on /metrics and in x-obleth-upstream: a
+        # password in it would be shown to every client; the message masks it too
+        start = url.find("://") + 3
+        shown = url[:start] + "***" + url[url.find("@", start) :]
+        raise ConfigError(
+            setting,
+            shown,
+            f"{expected}, without a user or password (the URL is shown in logs, on /metrics "
+            "and in x-obleth-upstream); a backend that wants a key gets the client's "
+            "Authorization header, which the proxy forwards",
+        )
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         raise ConfigError(setting, url, f"port {parsed.port} is out of range (1-65535); {expected}")
     return parsed

@@ -233,6 +233,16 @@ def test_bad_upstreams_are_refused_naming_the_setting(entry: Any, complaint: str
     assert complaint in str(caught.value)
 
 
+@pytest.mark.parametrize("entry", ["http://user:s3cret@vllm-a:8000", "http://s3cret@vllm-a:8000"])
+def test_an_upstream_with_credentials_is_refused_without_showing_them(entry: str) -> None:
+    """An upstream's URL is shown in logs, on ``/metrics`` and in ``x-obleth-upstream``: a
+    user or password in it would reach every client. The error masks them too."""
+    with pytest.raises(ConfigError) as caught:
+        Settings(upstreams=[entry])
+    assert "without a user or password" in str(caught.value)
+    assert "s3cret" not in str(caught.value) and "http://***@vllm-a:8000" in str(caught.value)
+
+
 @pytest.mark.parametrize("text", ["ftp://vllm-a:8000", "http://", f"{A},http://b:1/?q=1"])
 def test_bad_obleth_upstreams_names_the_variable(text: str) -> None:
     """From the environment the error names ``OBLETH_UPSTREAMS``."""
