@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from gateway.cli.defaults import DefaultsShown, setting_default
 from gateway.cli.simulate_plan import plan_of, with_value
@@ -13,7 +14,7 @@ from gateway.simulate.report import (
     check_records_path,
     parse_weights,
     report,
-    write_records,
+    save_records,
 )
 from gateway.simulate.run import Plan, settings_for, simulate
 from gateway.simulate.sweep import Sweep, answer, meets, parse_slo, parse_sweep
@@ -209,10 +210,19 @@ def run(args: argparse.Namespace) -> int:
         check_records_path(args.results_path)
     results = [simulate(p) for p in plans]
     reports = [report(r) for r in results]
+    status = 0
     if args.results_path is not None:
-        with open(args.results_path, "w", encoding="utf-8") as sink:
-            values = [None] if sweep is None else list(sweep.values)
-            write_records(sink, sweep.flag if sweep else None, zip(values, results, strict=True))
+        values = [None] if sweep is None else list(sweep.values)
+        runs = zip(values, results, strict=True)
+        try:
+            save_records(args.results_path, sweep.flag if sweep else None, runs)
+        except OSError as exc:  # the report still follows: the runs are done
+            status = 1
+            print(
+                f"obleth: --results-path {args.results_path!r}: the records could not be "
+                f"written ({exc.strerror or exc}); the report follows",
+                file=sys.stderr,
+            )
     if weights is not None:
         add_fitness(reports, weights)
     if slo is not None:
@@ -221,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     heading = _heading(plan, sweep)
     if sweep is None:
         print(as_json(reports[0]) + "\n" if args.json else run_table(reports[0], heading), end="")
-        return 0
+        return status
     found = answer(sweep, reports, slo) if slo is not None else None
     if args.json:
         document: dict[str, object] = {
@@ -232,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
             "runs": reports,
         }
         print(as_json(document))
-        return 0
+        return status
     verdict = None
     if slo is not None:
         told = ", ".join(f"{k}={v:g}" for k, v in slo.items())
@@ -242,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
             else f"no {sweep.flag} in the sweep meets {told}"
         )
     print(sweep_table(sweep.flag, sweep.values, reports, heading, verdict), end="")
-    return 0
+    return status
 
 
 def _heading(plan: Plan, sweep: Sweep | None) -> list[str]:

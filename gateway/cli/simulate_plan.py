@@ -39,6 +39,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
     _within("--prefix-groups", args.prefix_groups, 1, MAX_GROUPS)
     if not math.isfinite(args.rate) or args.rate <= 0:
         raise BadFlag("--rate", args.rate, "requests per second, a number above 0")
+    _arrive_within_a_day("--rate", args.rate, args.num_requests)
     if not math.isfinite(args.scrape_interval) or args.scrape_interval < 0:
         raise BadFlag("--scrape-interval", args.scrape_interval, "seconds, 0 or more")
     workload = Workload(
@@ -48,7 +49,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
         output_tokens=parse_tokens("--output-tokens", args.output_tokens),
         prefix_tokens=args.prefix_tokens,
         prefix_groups=args.prefix_groups,
-        tenants=parse_shares("--tenants", args.tenants) if args.tenants else None,
+        tenants=parse_shares("--tenants", args.tenants) if args.tenants is not None else None,
     )
     gateway: dict[str, Any] = {}
     given: list[tuple[str, Any, Callable[[str, str], Any] | None]] = [
@@ -130,8 +131,26 @@ def with_value(plan: Plan, flag: str, value: float) -> Plan:
     if flag == "num-instances":
         return replace(plan, num_instances=int(value))
     if flag == "rate":
+        _arrive_within_a_day("--sweep", value, plan.workload.num_requests)
         return replace(plan, workload=replace(plan.workload, rate=value))
     return replace(plan, gateway={**plan.gateway, "global_max_in_flight": int(value)})
+
+
+MAX_SPAN_S = 86_400.0
+"""The longest the arrivals may take, in simulated seconds: the instances are read every
+``--scrape-interval`` of it, idle or not, and a constant rate has nothing more to show
+after a day. ``--rate 1e-6`` used to keep the command busy for hours."""
+
+
+def _arrive_within_a_day(flag: str, rate: float, num_requests: int) -> None:
+    if num_requests / rate > MAX_SPAN_S:
+        least = num_requests / MAX_SPAN_S
+        raise BadFlag(
+            flag,
+            rate,
+            f"a rate at which the {num_requests} requests arrive within a simulated day "
+            f"(at least {least:.3g} per second), or fewer requests",
+        )
 
 
 def _within(flag: str, value: int, minimum: int, maximum: int | None = None) -> None:

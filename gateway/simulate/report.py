@@ -7,9 +7,12 @@ nearest ranks (numpy's default).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TextIO
@@ -135,6 +138,35 @@ def check_records_path(path: str) -> None:
         raise BadFlag("--results-path", path, f"a writable file ({exc.strerror})") from None
     if not existed:
         os.remove(path)
+
+
+def save_records(
+    path: str, flag: str | None, runs: Iterable[tuple[float | None, RunResult]]
+) -> None:
+    """`write_records` into the file at ``path``, whole or not at all: a regular file (or a
+    new one) is written beside it and then moved into place, with the old file's mode, so
+    that a failure (a full disk) leaves what was there before; anything else (a pipe,
+    ``/dev/stdout``) is written directly. Raises ``OSError``."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        with open(path, "w", encoding="utf-8") as sink:
+            write_records(sink, flag, runs)
+        return
+    folder, name = os.path.split(os.path.abspath(path))
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".partial")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as sink:
+            write_records(sink, flag, runs)
+        if os.path.exists(path):
+            shutil.copymode(path, temporary)
+        else:  # as open() would have made it
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
 
 
 def write_records(

@@ -103,9 +103,17 @@ def parse_shares(flag: str, text: str) -> dict[str, float]:
             share = float(value) if sep else 1.0
         except ValueError:
             share = -1.0
-        if not name or not math.isfinite(share) or share <= 0 or name in shares:
+        if (
+            not name
+            or not name.isprintable()
+            or not math.isfinite(share)
+            or share <= 0
+            or name in shares
+        ):
             raise BadFlag(flag, text, "name:share pairs with shares > 0, each name once")
         shares[name] = share
+    if not math.isfinite(sum(shares.values())):
+        raise BadFlag(flag, text, "name:share pairs whose shares add up to a finite number")
     return shares
 
 

@@ -153,6 +153,13 @@ BAD_FLAGS: list[tuple[str, Any, list[str]]] = [
     ("--sweep", "", ["NAME=LOW..HIGH"]),
     ("--slo", "", ["figure=bound"]),
     ("--fitness-weights", "", ["name:weight"]),
+    # a day of simulated arrivals at most: this used to run for hours, reading idle instances
+    ("--rate", "1e-6", ["within a simulated day"]),
+    ("--sweep", "rate=1e-6,1", ["within a simulated day"]),
+    # shares that overflow their sum used to end in a traceback
+    ("--tenants", "a:1e308,b:1e308", ["add up to a finite number"]),
+    ("--tenants", "", ["name:share"]),
+    ("--tenants", "a\nb:1", ["name:share"]),
 ]
 
 
@@ -178,6 +185,18 @@ def test_a_bad_flag_exits_2_with_one_line_naming_it(
     assert "expected expected" not in lines[0]
     for word in told:
         assert word in lines[0]
+
+
+def test_records_that_cannot_be_written_exit_1_with_one_line_and_the_report() -> None:
+    """A disk that fills under the records (``/dev/full`` here) is no traceback: one line
+    naming ``--results-path`` and why, status 1, and the report of the runs, which are
+    done."""
+    done = obleth_simulate("--num-requests=5", "--results-path=/dev/full")
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("obleth: --results-path '/dev/full': ") and "No space left" in line
+    assert "responses_per_sec" in done.stdout
 
 
 def test_a_bad_flag_leaves_an_existing_results_file_as_it_was(tmp_path: Path) -> None:
