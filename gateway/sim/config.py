@@ -17,6 +17,9 @@ _INT_MINIMUMS = {
     "kv_cache_blocks": 1,
     "default_max_tokens": 1,
 }
+# Largest accepted value, where one too large would be built in memory: each generated
+# token is text of chars_per_token characters (real tokenizers average about 4).
+_INT_MAXIMUMS = {"chars_per_token": 100}
 _DURATIONS = ("prefill_s_per_token", "step_s", "step_s_per_seq")
 
 
@@ -86,6 +89,9 @@ class SimConfig:
                 # bool is an int subclass; True as a slot count is a mistake, not a 1.
                 if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                     raise ConfigError(field.name, value, f"must be an integer >= {minimum}")
+                most = _INT_MAXIMUMS.get(field.name)
+                if most is not None and value > most:
+                    raise ConfigError(field.name, value, f"must be an integer <= {most}")
             elif field.name in _DURATIONS and (not finite(value) or value < 0):
                 raise ConfigError(field.name, value, "must be a finite number of seconds >= 0")
         budget = self.max_num_batched_tokens

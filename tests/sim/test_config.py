@@ -40,6 +40,9 @@ def test_zero_prefix_cache_blocks_is_allowed_to_disable_caching() -> None:
         ("max_num_seqs", 2.5),
         ("block_size_tokens", 0),
         ("chars_per_token", -1),
+        # each token is text of this many characters: 10**20 used to crash the engine loop
+        ("chars_per_token", 101),
+        ("chars_per_token", 10**20),
         ("prefix_cache_blocks", -1),
         ("kv_cache_blocks", 0),
         ("default_max_tokens", 0),
