@@ -4,11 +4,14 @@ may send, and the words the status uses for where a computed limit comes from.""
 
 from __future__ import annotations
 
+from gateway.settings.checks import MAX_COUNT
+
 CAPACITY_PATH = "/api/v1/capacity"
 STATUS_PATH = "/api/v1/status"
 
-#: the largest limit accepted: far beyond any inference fleet, small enough to be a typo
-MAX_LIMIT = 1_000_000
+#: the largest limit accepted: the one ``global_max_in_flight`` accepts at startup, so that
+#: an operator can always set back the limit a pod started with
+MAX_LIMIT = MAX_COUNT
 #: the largest request body read: a capacity change is a few bytes
 MAX_BODY_BYTES = 4096
 

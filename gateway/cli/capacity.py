@@ -4,7 +4,6 @@ admin API (``/api/v1/capacity``), from a shell or a deployment script."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from typing import Any
@@ -37,7 +36,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--url", default=DEFAULT_URL, help="the admin API")
     parser.add_argument("--token", help=f"the admin token (default: ${TOKEN_VARIABLE})")
     parser.add_argument(
-        "--timeout", type=seconds, default=10.0, help="seconds to wait for it, above 0"
+        "--timeout",
+        type=seconds,
+        default=10.0,
+        help="seconds to wait for it, above 0 and at most a day (86400)",
     )
     parser.set_defaults(run=run)
 
@@ -115,9 +117,14 @@ def _fail(message: str, *, status: int = 1) -> int:
     return status
 
 
+MAX_TIMEOUT_S = 86_400.0
+"""The longest ``--timeout``: a day, far beyond any answer worth waiting for (sockets
+refuse timeouts past what the platform's clock can hold)."""
+
+
 def seconds(text: str) -> float:
-    """``--timeout``: a finite number of seconds above 0 (argparse names the flag)."""
+    """``--timeout``: seconds above 0, at most ``MAX_TIMEOUT_S`` (argparse names the flag)."""
     value = float(text)
-    if not 0 < value < math.inf:
+    if not 0 < value <= MAX_TIMEOUT_S:
         raise ValueError(text)
     return value

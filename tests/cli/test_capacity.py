@@ -112,6 +112,8 @@ def test_nobody_listening_is_one_line() -> None:
         (("--url", ""), "expected an http(s) URL"),
         (("--timeout", "-1"), "argument --timeout"),
         (("--timeout", "nan"), "argument --timeout"),
+        # past what a socket's timeout holds: this used to end in a traceback
+        (("--timeout", "1e10"), "argument --timeout"),
     ],
 )
 def test_a_bad_url_or_timeout_is_a_usage_error_naming_the_flag(
