@@ -22,6 +22,7 @@ from gateway.cli.server_flags import (
     GRACEFUL_S,
     add_server_flags,
     cannot_listen,
+    listen_url,
     tcp_port,
     worker_count,
 )
@@ -258,11 +259,11 @@ def run(args: argparse.Namespace) -> int:
         else ""
     )
     print(
-        f"obleth serve: http://{args.host}:{args.port} -> {upstreams} "
+        f"obleth serve: {listen_url(args.host, args.port)} -> {upstreams} "
         f"({settings.routing_policy}), at most {app.gateway.capacity.current()} in flight; "
         + processes
         + (
-            f"admin API on http://{args.host}:{args.admin_port}"
+            f"admin API on {listen_url(args.host, args.admin_port)}"
             if admin
             else "admin API off (no OBLETH_ADMIN_TOKEN)"
         ),

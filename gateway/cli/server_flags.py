@@ -64,6 +64,11 @@ def worker_count(text: str) -> int:
     return count
 
 
+def listen_url(host: str, port: int) -> str:
+    """``http://host:port`` as a client writes it: an IPv6 address in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def cannot_listen(command: str, host: str, port: int, flag: str, error: OSError) -> str:
     """The one line a server command prints when it cannot listen on ``host:port``: what
     failed, and the flag to change (``flag`` for a taken port, ``--host`` for a name that

@@ -13,6 +13,7 @@ import pytest
 
 import gateway
 from gateway.cli import build_parser, main
+from gateway.cli.server_flags import listen_url
 from gateway.settings.declared import specs_of
 from gateway.settings.fields import Settings
 
@@ -169,3 +170,18 @@ def test_an_empty_host_is_refused_naming_the_flag(argv: list[str]) -> None:
     done = obleth(*argv, "--host", "")
     assert done.returncode == 2
     assert "argument --host: an empty host" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("127.0.0.1", "http://127.0.0.1:8080"),
+        ("localhost", "http://localhost:8080"),
+        ("::1", "http://[::1]:8080"),
+        ("::", "http://[::]:8080"),
+    ],
+)
+def test_the_address_a_server_announces_is_one_a_client_can_use(host: str, url: str) -> None:
+    """``obleth serve --host ::1`` announced ``http://::1:8080``, which no client reads as
+    a URL; an IPv6 address goes in brackets."""
+    assert listen_url(host, 8080) == url
