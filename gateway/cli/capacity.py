@@ -70,6 +70,13 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--url {args.url!r}: {exc}; expected e.g. {DEFAULT_URL}", status=2)
     if base.scheme not in ("http", "https") or not base.host:
         return _fail(f"--url {args.url!r}: expected an http(s) URL, e.g. {DEFAULT_URL}", status=2)
+    if base.query or base.fragment or (base.port is not None and not 1 <= base.port <= 65535):
+        # the API's path goes after the URL: a query would swallow it
+        return _fail(
+            f"--url {args.url!r}: expected the admin API's base URL, with a port from 1 to "
+            f"65535 and no query or fragment, e.g. {DEFAULT_URL}",
+            status=2,
+        )
     url = args.url.rstrip("/") + CAPACITY_PATH
     headers = {"Authorization": f"Bearer {token}"}
     try:

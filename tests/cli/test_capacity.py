@@ -110,6 +110,9 @@ def test_nobody_listening_is_one_line() -> None:
         (("--url", "http://[::1"), "--url 'http://[::1'"),
         (("--url", "notaurl"), "expected an http(s) URL"),
         (("--url", ""), "expected an http(s) URL"),
+        # the API's path goes after the URL: a query used to swallow it
+        (("--url", "http://127.0.0.1:9090/?q=1"), "no query or fragment"),
+        (("--url", "http://127.0.0.1:99999"), "a port from 1 to 65535"),
         (("--timeout", "-1"), "argument --timeout"),
         (("--timeout", "nan"), "argument --timeout"),
         # past what a socket's timeout holds: this used to end in a traceback
