@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from gateway.admin.api import admin_app
+from gateway.admin.elsewhere import AdminElsewhere
 from gateway.admin.health import HEALTH_PATH, METRICS_PATH, READY_PATH, Probes
 from gateway.asgi.lifespan import STARTUP_FAILURE
 from gateway.asgi.middleware import GatewayMiddleware
@@ -148,7 +149,8 @@ def _naming_flags(overrides: dict[str, Any]) -> Iterator[None]:
 
 def build_app(settings: Settings, *, export: PrometheusExport | None = None) -> Probes:
     """The standalone gateway as one ASGI app (what ``obleth serve`` runs): the probes and
-    ``/metrics``, ``GET /v1/models`` (the union of the upstreams' models, see
+    ``/metrics``, the admin API's paths answered 404 (it has a port of its own:
+    ``AdminElsewhere``), ``GET /v1/models`` (the union of the upstreams' models, see
     ``gateway.proxy.models``), then the body timeout, the gateway and the streaming proxy.
 
     ``/metrics`` renders ``export`` (default: a private one, which holds the gateway's
@@ -177,7 +179,7 @@ def build_app(settings: Settings, *, export: PrometheusExport | None = None) -> 
     readings = gateway.readings
     catalog = ModelCatalog(settings.upstreams, healthy=lambda url: readings.get(url).healthy)
     listed = ModelList(timed, catalog, retry_after_s=settings.retry_after_s)
-    return Probes(listed, gateway, export.render)
+    return Probes(AdminElsewhere(listed), gateway, export.render)
 
 
 def build_admin_app(settings: Settings, gateway: Gateway) -> Probes:
