@@ -28,7 +28,7 @@ class AdminElsewhere:
                 send,
                 404,
                 "the admin API is served on its own port (obleth serve --admin-port, 9090 "
-                "by default), not on the gateway's",
+                "by default, once OBLETH_ADMIN_TOKEN is set), not on the gateway's",
                 code="not_found",
             )
             return
