@@ -248,8 +248,9 @@ class RedisServer:
             os.kill(proc.pid, signal.SIGCONT)
         self._paused = False
 
-    def restart_empty(self) -> None:
-        """Stop the server with ``SHUTDOWN NOSAVE`` and start it again, empty, on the same port.
+    def restart_empty(self, after_s: float = 0.0) -> None:
+        """Stop the server with ``SHUTDOWN NOSAVE`` and start it again, empty, on the same port,
+        ``after_s`` later (a Redis down for that long).
 
         Clients see their connections drop and must reconnect; every key, script and
         client name is gone afterwards, as after a crash of a Redis without persistence.
@@ -270,6 +271,7 @@ class RedisServer:
             proc.wait(timeout=_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             _kill(proc)
+        time.sleep(after_s)
         self._start(fixed_port=True)
 
     def stop(self) -> None:

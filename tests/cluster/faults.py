@@ -19,7 +19,7 @@ import httpx
 from tests.redis_procs import HOST, RedisServer, TcpProxy
 
 PoolLoss = Literal["flushall", "restart", "failover"]
-Outage = Literal["sigstop", "oom"]
+Outage = Literal["sigstop", "oom", "down"]
 
 
 def start_replica(master: RedisServer, within_s: float = 10.0) -> RedisServer:
@@ -58,8 +58,12 @@ def lose_pool(
 
 
 def outage(redis: RedisServer, kind: Outage, seconds: float) -> None:
-    """Redis frozen (``sigstop``) or refusing writes (``oom``) for ``seconds``; back after,
-    whatever happens meanwhile."""
+    """Redis frozen (``sigstop``), refusing writes (``oom``) or down (``down``: shut down,
+    then started again empty, every connection and subscription gone) for ``seconds``;
+    back after, whatever happens meanwhile."""
+    if kind == "down":
+        redis.restart_empty(after_s=seconds)
+        return
     if kind == "sigstop":
         redis.pause()
     else:

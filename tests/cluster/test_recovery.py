@@ -85,14 +85,16 @@ def test_admissions_resume_at_once_when_redis_loses_the_pool(
 
 
 @pytest.mark.parametrize("mode", ["local", "closed"])
-@pytest.mark.parametrize("outage", ["sigstop", "oom"])
+@pytest.mark.parametrize("outage", ["sigstop", "oom", "down"])
 def test_an_outage_longer_than_the_ttl_ends_without_overshoot(
     sim: SimBackend, own_redis: RedisServer, pool_name: str, logs: Path, mode: str, outage: Outage
 ) -> None:
-    """Redis frozen, or refusing writes at maxmemory, for 2.5 lease TTLs under load: the
-    leases expire meanwhile and every pod admits on its own (``local``) or refuses
-    (``closed``). When Redis answers again, nothing is granted until every pod has written
-    back what it holds: the backend never sees more than the limit."""
+    """Redis frozen, refusing writes at maxmemory, or down (and back empty), for 2.5 lease
+    TTLs under load: the leases expire meanwhile and every pod admits on its own
+    (``local``) or refuses (``closed``). When Redis answers again, nothing is granted until
+    every pod has written back what it holds: the backend never sees more than the limit.
+    (Down, the first pod back used to presume the others dead, their liveness having
+    passed while it heard nothing from anyone, and grant before they re-asserted.)"""
     sim.reset()
     settings = env(own_redis.url, pool_name, redis_failure_mode=mode)
     with Pods(3, sim.url, env=settings, log_dir=logs) as pods:

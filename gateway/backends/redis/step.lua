@@ -269,13 +269,18 @@ local function await_caller()
   end
 end
 
--- the roster a re-asserting pod brings: every pod it saw live, with the liveness it saw
-local function merge_roster(roster)
+-- the roster a re-asserting pod brings: every pod it saw live, with the liveness it saw.
+-- A pod coming back from its failure mode was cut off itself: that it heard nothing from
+-- the others meanwhile says nothing of their death (they may have admitted on their own
+-- all along, and reconnect a moment later), so each is awaited a lease TTL from now
+local function merge_roster(roster, cut_off)
   if not learning() then return end
   for at = 1, #roster, 2 do
     local other = roster[at]
+    local alive_until = tonumber(roster[at + 1])
+    if cut_off and alive_until < now + ttl then alive_until = now + ttl end
     if other ~= pod and redis.call('SISMEMBER', ASSERTED, other) == 0
-        and await(other, roster[at + 1]) then
+        and await(other, alive_until) then
       notify(other, 'e')
     end
   end
@@ -684,7 +689,7 @@ if flags.reassert then
   -- knows is awaited. It leaves the roll call, unless it is coming back from its failure
   -- mode: it may admit on its own until it reads this reply, so it answers with its
   -- next call, made once it no longer does
-  merge_roster(words(ARGV[15]))
+  merge_roster(words(ARGV[15]), flags.recover)
   if not flags.recover then
     redis.call('ZREM', AWAIT, pod)
     redis.call('SADD', ASSERTED, pod)
