@@ -46,6 +46,42 @@ class QueueView(Protocol):
     def weight(self, tenant: str) -> float: ...
 
 
+class QueueLook:
+    """The ``QueueView`` an overflow policy gets of a ``FairQueue``: the figures it may
+    read, and nothing it could change. A policy handed the queue itself could set its count
+    of seats in flight, or grant and remove waiters, and break the limit for good."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: FairQueue) -> None:
+        self._queue = queue
+
+    @property
+    def inflight(self) -> int:
+        return self._queue.inflight
+
+    @property
+    def queued(self) -> int:
+        return self._queue.queued
+
+    @property
+    def max_queue(self) -> int:
+        return self._queue.max_queue
+
+    @property
+    def queue_full(self) -> bool:
+        return self._queue.queue_full
+
+    def tenant_inflight(self, tenant: str) -> int:
+        return self._queue.tenant_inflight(tenant)
+
+    def tenant_queued(self, tenant: str) -> int:
+        return self._queue.tenant_queued(tenant)
+
+    def weight(self, tenant: str) -> float:
+        return self._queue.weight(tenant)
+
+
 @dataclass(frozen=True, slots=True)
 class Granted:
     """Seats counted as in flight; the request runs now."""
@@ -87,7 +123,7 @@ def admit(
         return _GRANTED
     if ticket.rank >= NO_WAIT_RANK:
         return Refused("no_wait")
-    action = decide(queue, ticket)
+    action = decide(QueueLook(queue), ticket)
     if action == "wait":
         return Queued(queue.wait(ticket, now, handle))
     if action == "reject":

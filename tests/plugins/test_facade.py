@@ -665,14 +665,24 @@ class Faulty:
         return self.answer
 
 
+class Tampering:
+    """An overflow policy that tries to change the queue it is shown: it used to be handed
+    the queue itself, and setting its count of seats in flight broke the limit for good."""
+
+    def decide(self, view: Any, ticket: object) -> object:
+        view.inflight = 0
+        return "evict"
+
+
 @pytest.mark.parametrize(
     ("policy", "complaint"),
     [
         (Faulty(), "raised"),
         (Faulty("maybe"), "answered 'maybe', not one of evict, queue, reject, wait"),
         (Faulty(["queue"]), "answered ['queue'], not one of evict, queue, reject, wait"),
+        (Tampering(), "raised"),
     ],
-    ids=["raises", "unknown-action", "unhashable-answer"],
+    ids=["raises", "unknown-action", "unhashable-answer", "changes-the-view"],
 )
 def test_faulty_overflow_policy_is_named_and_the_request_waits_as_under_block(
     policy: Faulty, complaint: str, caplog: pytest.LogCaptureFixture
@@ -691,20 +701,22 @@ def test_faulty_overflow_policy_is_named_and_the_request_waits_as_under_block(
     )
     ticket = Ticket(tenant="acme")
 
-    async def second_request_after_a_release() -> tuple[int, bool]:
+    async def second_request_after_a_release() -> tuple[int, int, bool, int]:
         await gateway.start()
         holder = await gateway.scheduler.acquire(ticket)
         waiter = asyncio.create_task(gateway.scheduler.acquire(ticket))
         await asyncio.sleep(0)
-        queued = gateway.snapshot().queued
+        snapshot = gateway.snapshot()
         holder.release()
         permit = await asyncio.wait_for(waiter, 10)
         granted = permit.release()
+        after = gateway.snapshot().inflight
         await gateway.stop()
-        return queued, granted
+        return snapshot.queued, snapshot.inflight, granted, after
 
     with caplog.at_level(logging.ERROR, logger="obleth.plugins"):
-        assert asyncio.run(second_request_after_a_release()) == (1, True)
+        # one waiting behind the one seat held, and nothing in flight once both are done
+        assert asyncio.run(second_request_after_a_release()) == (1, 1, True, 0)
 
     [record] = [r for r in caplog.records if r.name == "obleth.plugins"]
     assert "'acme-policy'" in record.getMessage()
