@@ -269,8 +269,11 @@ class Router:
         scores: Scores = {}
         for entry in self._scorers:
             try:
-                given = entry.scorer.score(request, candidates)
-                scores[entry.name] = dict(given) if entry.builtin else _clamped(given)
+                if entry.builtin:
+                    scores[entry.name] = dict(entry.scorer.score(request, candidates))
+                else:  # its own copy: a plugin changing the list changes no one else's
+                    given = entry.scorer.score(request, list(candidates))
+                    scores[entry.name] = _clamped(given, candidates)
             except Exception as exc:
                 self._complain(entry.plugin, f"scorer {entry.name!r} raised {exc!r}")
                 scores[entry.name] = {}
@@ -331,6 +334,7 @@ class Router:
         return {u: self.fleet.inflight.count(u) for u in self.upstreams}
 
 
-def _clamped(given: Mapping[str, float]) -> dict[str, float]:
-    """A plugin scorer's answer as the router uses it: numbers forced into [0, 1]."""
-    return {u: clamp(v) for u, v in given.items()}
+def _clamped(given: Mapping[str, float], candidates: list[str]) -> dict[str, float]:
+    """A plugin scorer's answer as the router uses it: the candidates' scores, forced into
+    [0, 1] (an upstream it names that is no candidate is left out)."""
+    return {u: clamp(given[u]) for u in candidates if u in given}

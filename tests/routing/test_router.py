@@ -558,6 +558,12 @@ class BrokenScorer:
     def score(self, request: object, upstreams: list[str]) -> Mapping[str, float]:
         if self.where == "score":
             raise RuntimeError("score exploded")
+        if self.where == "appends":
+            upstreams.append("http://elsewhere:1")
+            return {"http://elsewhere:1": 1.0}
+        if self.where == "clears":
+            upstreams.clear()
+            return {}
         return dict.fromkeys(upstreams, 0.5)
 
     def dispatched(self, request: object, upstream: str) -> None:
@@ -598,3 +604,19 @@ def test_a_raising_scorer_plugin_is_named_in_the_log_and_the_request_still_route
     # and the next request is routed too
     route(gw, LONG_PROMPT)
     assert sum(in_flight(gw).values()) == 2
+
+
+@pytest.mark.parametrize("where", ["appends", "clears"])
+def test_a_scorer_plugin_that_changes_its_list_of_upstreams_changes_nothing_else(
+    where: str,
+) -> None:
+    """A scorer gets its own copy of the candidates: one that adds an upstream of its own,
+    or empties the list, used to fail every request with a bare 500 (and the built-in
+    scorer after it was blamed). Its answer counts for the candidates only."""
+    gw = gateway(routing_scorers="broken:1,queue-depth:1", plugins=[BrokenScorerPlugin(where)])
+    all_scraped(gw)
+    decision = route(gw, LONG_PROMPT)
+    assert decision.upstream in URLS
+    assert in_flight(gw)[decision.upstream] == 1
+    assert decision.scores["broken"] == {}  # nothing it named is a candidate
+    assert set(decision.scores["queue-depth"]) == set(URLS)  # the next scorer saw them all
