@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Iterator
 
 from gateway.core.memo import Memo
-from gateway.core.tickets import PRIORITIES, Priority, Ticket, ticket
+from gateway.core.tickets import MAX_TENANT_CHARS, PRIORITIES, Priority, Ticket, ticket
 from gateway.errors import BadRequest
 from gateway.hookimpl import hookimpl
 from gateway.hookspecs import HEADER_TICKETS
@@ -29,11 +29,6 @@ _KEY_HASH = hashlib.blake2b(digest_size=8, person=b"obleth-tenant")
 
 #: Where an API key is looked for, in this order.
 KEY_HEADERS = tuple(name.encode("latin-1") for name in API_KEY_HEADERS)
-
-#: The longest tenant name a header may give. A tenant's name becomes a label of the
-#: metrics, a key of the fair queue (in Redis too) and a word of the logs: a client must
-#: not make a kilobyte of each out of one header.
-MAX_TENANT_CHARS = 256
 
 #: How many header values each memo holds before it starts over. Two values share an
 #: entry only if their 64-bit hashes collide, which the process's secret hash salt makes

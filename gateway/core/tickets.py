@@ -15,6 +15,11 @@ PRIORITY_RANK: Final[dict[str, int]] = {name: rank for rank, name in enumerate(P
 #: The class that never waits: admitted at once or rejected with ``no_wait``.
 NO_WAIT_RANK: Final[int] = PRIORITY_RANK["background"]
 
+#: The longest tenant name taken, from a header or a classifier. A tenant's name becomes a
+#: label of the metrics, a key of the fair queue (in Redis too) and a word of the logs: a
+#: client must not make a kilobyte of each out of one header.
+MAX_TENANT_CHARS: Final[int] = 256
+
 
 class Ticket(NamedTuple):
     """One request asking for seats; immutable once classified (a tuple: cheap to build

@@ -11,7 +11,7 @@ import re
 from typing import Any, Final
 
 from gateway import hookspecs
-from gateway.core.tickets import PRIORITIES
+from gateway.core.tickets import MAX_TENANT_CHARS, PRIORITIES
 from gateway.errors import PluginError
 from gateway.protocols import Classification
 
@@ -88,6 +88,10 @@ def unusable(answer: object) -> str | None:
     tenant, priority, routing_key, session_id = answer
     if not isinstance(tenant, str) or not tenant:
         return f"{answer!r}: the tenant must be a non-empty str"
+    if len(tenant) > MAX_TENANT_CHARS:  # its repr would flood the log
+        return f"a tenant of {len(tenant)} characters; at most {MAX_TENANT_CHARS} are taken"
+    if not tenant.isprintable():
+        return f"{answer!r}: the tenant must be printable (no control characters)"
     if priority not in PRIORITIES:
         return f"{answer!r}: the priority must be one of {', '.join(PRIORITIES)}"
     if routing_key is not None and not isinstance(routing_key, bytes):

@@ -634,6 +634,9 @@ def test_classifier_that_raises_falls_through_to_the_builtin(
         (Classification("acme", priority=cast(Priority, "urgent")), "priority must be one of"),
         (Classification("acme", routing_key=cast(bytes, "text")), "routing_key must be bytes"),
         (Classification("acme", session_id=cast(str, 12)), "session_id must be a str"),
+        # a label of the metrics and a key in Redis: bounded as the tenant header is
+        (Classification(tenant="x" * 100_000), "a tenant of 100000 characters; at most 256"),
+        (Classification(tenant="a\nb\x00"), "the tenant must be printable"),
     ],
 )
 def test_classifier_answer_it_cannot_use_is_logged_and_skipped(
