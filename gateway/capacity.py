@@ -104,6 +104,12 @@ class Capacity:
         announced = self._announced
         return limit if announced is None or limit < announced else announced
 
+    def values(self) -> dict[str, int]:
+        """Each provider's value as the limit uses it: its answer now, or, from one that
+        fails to give a whole number ≥ 0, its last good answer (the log names it). For
+        operators, not the request path: it reads every provider."""
+        return {name: self._read(i, provider) for i, (name, provider) in enumerate(self._providers)}
+
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` whenever a provider says its value changed."""
         self._subscribers.append(callback)

@@ -318,17 +318,13 @@ class Gateway:
     def snapshot(self) -> Snapshot:
         return self.backend.snapshot()
 
-    def provider_limits(self) -> dict[str, int | None]:
+    def provider_limits(self) -> dict[str, int]:
         """Each capacity provider's value now, as the limit uses it (in cluster mode a
-        computed provider's is the pool's, as this pod last heard it); None for one that
-        fails to answer (the gateway keeps its last good value, and the log names it)."""
-        values: dict[str, int | None] = {}
-        for name, provider in self.capacity.providers.items():
-            try:
-                values[name] = int(provider.max_in_flight())
-            except Exception:
-                values[name] = None
-        return values
+        computed provider's is the pool's, as this pod last heard it); for one that fails
+        to answer a whole number ≥ 0, its last good value, which the limit keeps using
+        (the log names it). It used to show what the faulty provider answered (-5, say),
+        or nothing."""
+        return self.capacity.values()
 
 
 def _pool_capacity(

@@ -128,8 +128,12 @@ def test_faulty_capacity_provider_is_named_and_its_last_value_kept(
     assert "'flaky'" in caplog.text
     flaky.value = "lots"
     assert gateway.capacity.current() == 5
+    # what the status and the metrics show is the value in use, not the faulty answer
+    flaky.value = -5
+    assert gateway.provider_limits() == {"static": 10, "flaky": 5}
     flaky.value = 2
     assert gateway.capacity.current() == 2
+    assert gateway.provider_limits() == {"static": 10, "flaky": 2}
 
 
 def test_limit_is_the_minimum_of_the_providers() -> None:

@@ -66,9 +66,9 @@ def status() -> Schema:
     providers = {
         "type": "object",
         "description": "Each capacity provider's value, by name, as the limit uses it (in "
-        "cluster mode a computed provider's is the pool's); null while it fails to answer "
-        "(the gateway keeps its last good one).",
-        "additionalProperties": {"type": ["integer", "null"]},
+        "cluster mode a computed provider's is the pool's); while it fails to answer a "
+        "whole number, its last good one, which the limit keeps using.",
+        "additionalProperties": {"type": "integer", "minimum": 0},
     }
     computed = {
         "type": "object",

@@ -92,8 +92,7 @@ def _limit(gateway: Gateway) -> Iterator[Observation]:
 def _provider_limits(gateway: Gateway) -> Iterator[Observation]:
     pool = gateway.settings.pool
     for name, value in gateway.provider_limits().items():
-        if value is not None:
-            yield Observation(value, {"pool": pool, "provider": name})
+        yield Observation(value, {"pool": pool, "provider": name})
 
 
 def _requests(gateway: Gateway) -> Iterator[Observation]:
