@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeGuard
 
 from gateway.complaints import Complaints
 from gateway.protocols import CapacityProvider
@@ -106,9 +107,17 @@ class Capacity:
 
     def values(self) -> dict[str, int]:
         """Each provider's value as the limit uses it: its answer now, or, from one that
-        fails to give a whole number ≥ 0, its last good answer (the log names it). For
-        operators, not the request path: it reads every provider."""
-        return {name: self._read(i, provider) for i, (name, provider) in enumerate(self._providers)}
+        fails to give a whole number ≥ 0, its last good answer (the limit's own reads log
+        the fault). For operators, not the request path: it asks every provider, and
+        changes nothing the limit is computed from."""
+        values = {}
+        for index, (name, provider) in enumerate(self._providers):
+            try:
+                value = provider.max_in_flight()
+            except Exception:
+                value = None
+            values[name] = value if _whole(value) else self._last_good[index]
+        return values
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` whenever a provider says its value changed."""
@@ -136,7 +145,7 @@ class Capacity:
                 raise ProviderFailed(name, f"max_in_flight() raised {exc!r}") from exc
             self._complain(index, None)
             return self._last_good[index]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not _whole(value):
             if initial:
                 name = self._providers[index][0]
                 raise ProviderFailed(name, f"max_in_flight() returned {value!r}, not an int >= 0")
@@ -159,3 +168,8 @@ class Capacity:
                 origin,
                 value,
             )
+
+
+def _whole(value: object) -> TypeGuard[int]:
+    """Whether a provider's answer is a limit: a whole number ≥ 0 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
