@@ -12,8 +12,8 @@ from collections.abc import Awaitable
 from types import MappingProxyType
 
 from gateway.asgi.body import RequestBody, declared_length, has_json_body
-from gateway.asgi.plan import FlightPlan
-from gateway.asgi.responses import send_bad_request, send_json_error
+from gateway.asgi.plan import FlightPlan, keep_record, naming_upstream, routed_keys
+from gateway.asgi.responses import send_bad_request
 from gateway.errors import BadRequest, Disconnected, Unroutable
 from gateway.types import Message, Receive, Scope, Send
 
@@ -48,15 +48,9 @@ async def pass_routed(plan: FlightPlan, scope: Scope, receive: Receive, send: Se
     try:
         decision = router.route(request)
     except Unroutable as exc:
-        retry = plan.retry_unroutable_s if exc.status == 503 else None
-        await send_json_error(send, exc.status, str(exc), code=exc.code, retry_after_s=retry)
+        await plan.answer_unroutable(send, exc)
         return
-    record = {"upstream": decision.upstream, "scores": decision.scores, "route": decision}
-    state = scope.get("state")
-    if isinstance(state, dict):
-        state["obleth"] = MappingProxyType(record)
-    else:
-        scope["state"] = {"obleth": MappingProxyType(record)}
+    keep_record(scope, MappingProxyType(routed_keys(decision)))
     names_upstream = plan.names_upstream
 
     def sending(message: Message) -> Awaitable[None]:
@@ -64,8 +58,7 @@ async def pass_routed(plan: FlightPlan, scope: Scope, receive: Receive, send: Se
         if kind == "http.response.body" and not message.get("more_body", False):
             decision.finish()
         elif kind == "http.response.start" and names_upstream:
-            upstream = (b"x-obleth-upstream", decision.upstream.encode("latin-1"))
-            message = {**message, "headers": [*message.get("headers", ()), upstream]}
+            message = naming_upstream(message, decision)
         return send(message)
 
     try:

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from gateway.asgi.body import RequestBody, declared_length, expects_continue, has_json_body
-from gateway.asgi.plan import FlightPlan, Record
+from gateway.asgi.plan import FlightPlan, Record, keep_record, naming_upstream, routed_keys
 from gateway.asgi.responses import send_bad_request, send_json_error, send_rejection
 from gateway.complaints import Complaints
 from gateway.core.tickets import Ticket
@@ -240,10 +240,7 @@ class Flight:
                 record = self.plan.records.get(self.ticket)
                 if record is None:
                     record = self.plan.records.keep(self.ticket, _record_of(self.ticket, 0.0))
-        try:
-            self.scope["state"]["obleth"] = record
-        except (KeyError, TypeError):  # the server gave no state, or None
-            self.scope["state"] = {"obleth": record}
+        keep_record(self.scope, record)
 
     async def _route(self, payload: bytes | None) -> bool:
         """Choose the upstream and put the choice in the record; False when no upstream
@@ -259,16 +256,12 @@ class Flight:
             decision = self.decision = plan.router.route(request)
         except Unroutable as exc:
             self._refused(tallies.UNROUTABLE, exc.code)
-            retry = plan.retry_unroutable_s if exc.status == 503 else None
-            await send_json_error(
-                self.send, exc.status, str(exc), code=exc.code, retry_after_s=retry
-            )
+            await plan.answer_unroutable(self.send, exc)
             return False
         if plan.plugins.observes_routing:
             plan.plugins.routed(self._info(), decision.upstream, decision.scores)
         waited_s = 0.0 if self.permit is None else self.permit.waited_s
-        routing = {"upstream": decision.upstream, "scores": decision.scores, "route": decision}
-        self._record(_record_of(self.ticket, waited_s, **routing))
+        self._record(_record_of(self.ticket, waited_s, **routed_keys(decision)))
         return True
 
     def _send(self, message: Message) -> Awaitable[None]:
@@ -291,9 +284,7 @@ class Flight:
             self.started = True
             if self.decision is None or not self.plan.names_upstream:
                 return self.send(message)
-            upstream = self.decision.upstream.encode("latin-1")
-            headers = [*message.get("headers", ()), (b"x-obleth-upstream", upstream)]
-            message = {**message, "headers": headers}
+            message = naming_upstream(message, self.decision)
         return self.send(message)
 
     def _send_timed(self, message: Message) -> Awaitable[None]:

@@ -7,13 +7,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
+from gateway.asgi.responses import send_json_error
 from gateway.complaints import Complaints
 from gateway.core.memo import Memo
 from gateway.core.tickets import PRIORITIES, Ticket
+from gateway.errors import Unroutable
 from gateway.gateway import Gateway
 from gateway.protocols import Classification
 from gateway.routing.request import RequestReader
-from gateway.types import ASGIApp
+from gateway.routing.router import Decision
+from gateway.types import ASGIApp, Message, Scope, Send
 
 log = logging.getLogger("obleth.capacity")
 
@@ -22,6 +25,27 @@ Record = Mapping[str, object]
 
 #: How many tickets' records of requests admitted without waiting are kept for reuse.
 _RECORDS_KEPT = 1024
+
+
+def keep_record(scope: Scope, record: Record) -> None:
+    """Put a request's record where its app reads it, ``scope["state"]["obleth"]``."""
+    try:
+        scope["state"]["obleth"] = record
+    except (KeyError, TypeError):  # the server gave no state, or None
+        scope["state"] = {"obleth": record}
+
+
+def naming_upstream(start: Message, decision: Decision) -> Message:
+    """The response start ``start`` with ``x-obleth-upstream``: the upstream that answered
+    (``decision`` follows a retry), for ``upstream_header``."""
+    named = (b"x-obleth-upstream", decision.upstream.encode("latin-1"))
+    return {**start, "headers": [*start.get("headers", ()), named]}
+
+
+def routed_keys(decision: Decision) -> dict[str, object]:
+    """What a routed request's record says of its routing: ``upstream`` (the base URL
+    chosen), ``scores`` (why) and ``route`` (the decision, which follows a retry)."""
+    return {"upstream": decision.upstream, "scores": decision.scores, "route": decision}
 
 
 class FlightPlan:
@@ -92,6 +116,12 @@ class FlightPlan:
         #: tells the providers that follow time to first byte each admitted request's;
         #: None when no provider does, and then a request pays nothing for it
         self.first_byte = FirstByteFeed.of(gateway, complaints)
+
+    async def answer_unroutable(self, send: Send, error: Unroutable) -> None:
+        """Answer a request no upstream can take: the error's status, and for a 503 a
+        ``Retry-After`` of the next health check."""
+        retry = self.retry_unroutable_s if error.status == 503 else None
+        await send_json_error(send, error.status, str(error), code=error.code, retry_after_s=retry)
 
 
 class FirstByteFeed:
