@@ -232,6 +232,39 @@ def test_bad_keywords_name_the_setting_value_and_fix(
     assert hint in str(caught.value)
 
 
+SECONDS_SETTINGS = [name for name in setting_names() if name.endswith("_s")]
+
+
+@pytest.mark.parametrize("name", SECONDS_SETTINGS)
+def test_every_seconds_setting_refuses_more_than_a_day(name: str) -> None:
+    """A number of seconds past one day is a typo or an attempt at "never": it is refused
+    naming the setting and the bound, rather than sent as a 21-digit ``Retry-After`` or
+    left to overflow where it is turned into milliseconds."""
+    with pytest.raises(ConfigError) as caught:
+        Settings(**{name: 1e20})
+    assert str(caught.value).startswith(f"{name}=1e+20: ")
+    assert "at most 86400 seconds (one day)" in str(caught.value)
+    with pytest.raises(ConfigError, match=f"^OBLETH_{name.upper()}=86400.5: "):
+        Settings.from_env({f"OBLETH_{name.upper()}": "86400.5"})
+
+
+@pytest.mark.parametrize("name", SECONDS_SETTINGS)
+def test_every_seconds_setting_takes_a_whole_day(name: str) -> None:
+    """One day itself is accepted (a retry budget that long needs a lease 1.5 times it)."""
+    values: dict[str, float] = {name: 86400}
+    if name == "redis_retry_budget_s":
+        values = {name: 86400 / 1.5, "lease_ttl_s": 86400}
+    assert getattr(Settings(**values), name) == values[name]  # type: ignore[arg-type]
+
+
+def test_a_timeout_that_may_be_unlimited_says_how_to_unset_it() -> None:
+    """Past a day, the upstream timeouts point to what "no limit" is spelled as."""
+    with pytest.raises(ConfigError, match="or None for no limit"):
+        Settings(upstream_read_timeout_s=1e20)
+    with pytest.raises(ConfigError, match="or leave it empty for no limit"):
+        Settings.from_env({"OBLETH_UPSTREAM_RESPONSE_TIMEOUT_S": "1e20"})
+
+
 def test_tenant_names_in_weights_and_caps_lose_surrounding_whitespace() -> None:
     """A tenant is named by a header value read without surrounding whitespace, so a
     weight or cap for " gold " applies to gold, as in the OBLETH_* lists."""

@@ -34,7 +34,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "front of it on 127.0.0.1, drive a multi-tenant load (one tenant flooding, some "
         "critical and some background requests), show a live table, and end with each "
         "tenant's share of seats against its weighted fair share and the highest "
-        "concurrency the backend itself saw. Finishes by itself.",
+        "concurrency the backend itself saw. Finishes by itself. The demo is configured "
+        "by these flags only: OBLETH_* variables, which obleth serve and the middleware "
+        "read, play no part in it, so that its run and its verdict are the same wherever "
+        "it is started.",
         formatter_class=DefaultsShown,
     )
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load")

@@ -6,7 +6,13 @@ import argparse
 import sys
 
 from gateway.cli.defaults import DefaultsShown, setting_default
-from gateway.cli.simulate_plan import plan_of, with_value
+from gateway.cli.simulate_plan import (
+    DEFAULT_INSTANCES,
+    DEFAULT_RATE,
+    plan_of,
+    refuse_swept_flag,
+    with_value,
+)
 from gateway.simulate import profiles
 from gateway.simulate.render import as_json, run_table, sweep_table
 from gateway.simulate.report import (
@@ -46,7 +52,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="your own profile, a JSON file (see docs/simulate.md); overrides --model "
         "(default: none, the --model profile)",
     )
-    model.add_argument("--num-instances", type=int, default=1, help="instances of the model")
+    # None when left out (its default applies in plan_of): a sweep over a flag the user
+    # gave too is refused, not left to replace it without a word
+    model.add_argument(
+        "--num-instances",
+        type=int,
+        default=None,
+        help=f"instances of the model (default: {DEFAULT_INSTANCES})",
+    )
     model.add_argument(
         "--total-kv-blocks",
         type=int,
@@ -78,7 +91,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     load = parser.add_argument_group("the workload")
     load.add_argument(
-        "--rate", type=float, default=10.0, help="requests per second in all (Poisson arrivals)"
+        "--rate",
+        type=float,
+        default=None,
+        help=f"requests per second in all (Poisson arrivals) (default: {DEFAULT_RATE:g})",
     )
     load.add_argument("--num-requests", type=int, default=100, help="requests in the run")
     load.add_argument(
@@ -204,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
     weights = parse_weights(args.fitness_weights) if args.fitness_weights is not None else None
     slo = parse_slo(args.slo) if args.slo is not None else None
     sweep = parse_sweep(args.sweep) if args.sweep is not None else None
+    if sweep is not None:
+        refuse_swept_flag(args, sweep)
     plans = [plan] if sweep is None else [with_value(plan, sweep.flag, v) for v in sweep.values]
     # checked first: a path that cannot be written stops the command before it runs
     if args.results_path is not None:

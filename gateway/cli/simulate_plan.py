@@ -17,6 +17,7 @@ from gateway.simulate.errors import BadFlag
 from gateway.simulate.instance import MAX_INSTANCES
 from gateway.simulate.profiles import Profile
 from gateway.simulate.run import FLAG_OF_SETTING, Plan
+from gateway.simulate.sweep import Sweep
 from gateway.simulate.workload import (
     MAX_GROUPS,
     MAX_REQUESTS,
@@ -26,6 +27,10 @@ from gateway.simulate.workload import (
     parse_tokens,
 )
 
+#: What ``--num-instances`` and ``--rate`` come to when they are left out.
+DEFAULT_INSTANCES = 1
+DEFAULT_RATE = 10.0
+
 
 def plan_of(args: argparse.Namespace) -> Plan:
     """The run the flags describe; `BadFlag` for the first unusable one."""
@@ -33,17 +38,19 @@ def plan_of(args: argparse.Namespace) -> Plan:
         profiles.from_file(args.profile) if args.profile is not None else profiles.named(args.model)
     )
     profile = _engine_flags(profile, args)
-    _within("--num-instances", args.num_instances, 1, MAX_INSTANCES)
+    instances = DEFAULT_INSTANCES if args.num_instances is None else args.num_instances
+    rate = DEFAULT_RATE if args.rate is None else args.rate
+    _within("--num-instances", instances, 1, MAX_INSTANCES)
     _within("--num-requests", args.num_requests, 1, MAX_REQUESTS)
     _within("--prefix-tokens", args.prefix_tokens, 0, MAX_TOKENS)
     _within("--prefix-groups", args.prefix_groups, 1, MAX_GROUPS)
-    if not math.isfinite(args.rate) or args.rate <= 0:
-        raise BadFlag("--rate", args.rate, "requests per second, a number above 0")
-    _arrive_within_a_day("--rate", args.rate, args.num_requests)
+    if not math.isfinite(rate) or rate <= 0:
+        raise BadFlag("--rate", rate, "requests per second, a number above 0")
+    _arrive_within_a_day("--rate", rate, args.num_requests)
     if not math.isfinite(args.scrape_interval) or args.scrape_interval < 0:
         raise BadFlag("--scrape-interval", args.scrape_interval, "seconds, 0 or more")
     workload = Workload(
-        rate=args.rate,
+        rate=rate,
         num_requests=args.num_requests,
         input_tokens=parse_tokens("--input-tokens", args.input_tokens),
         output_tokens=parse_tokens("--output-tokens", args.output_tokens),
@@ -73,7 +80,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
     return Plan(
         profile=profile,
         workload=workload,
-        num_instances=args.num_instances,
+        num_instances=instances,
         seed=args.seed,
         scrape_interval_s=args.scrape_interval,
         gateway=gateway,
@@ -116,6 +123,20 @@ def _engine(profile: Profile, changes: dict[str, Any]) -> Profile:
         flags = {field: flag for flag, field in _ENGINE_FLAGS.items()}
         flag = flags.get(exc.setting, "--total-kv-blocks")
         raise BadFlag(flag, exc.value, exc.expected, told=True) from None
+
+
+def refuse_swept_flag(args: argparse.Namespace, sweep: Sweep) -> None:
+    """`BadFlag` when the flag ``sweep`` sets for each run was given too (``--num-instances
+    4 --sweep num-instances=2..8``): the sweep would replace it without a word. Every
+    sweepable flag is None in ``args`` when left out."""
+    given = getattr(args, sweep.flag.replace("-", "_"))
+    if given is not None:
+        raise BadFlag(
+            f"--{sweep.flag}",
+            given,
+            f"--sweep {args.sweep} sets --{sweep.flag} for each run; give one or the other",
+            told=True,
+        )
 
 
 def with_value(plan: Plan, flag: str, value: float) -> Plan:

@@ -47,9 +47,12 @@ def parse_upstream_entry(entry: object) -> Upstream:
         return Upstream(url.strip().rstrip("/"), _models(models, entry))
     if not isinstance(entry, str) or not entry.strip():
         raise UpstreamSyntaxError(f"{entry!r} is not an upstream URL")
-    url, sep, models_text = entry.strip().partition("=")
-    if not sep:
-        return Upstream(url.rstrip("/"))
+    text = entry.strip()
+    url, sep, models_text = text.partition("=")
+    if not sep or "?" in url or "#" in url:
+        # an '=' after a '?' or '#' is part of a query or fragment, not the start of the
+        # models: the whole entry is the URL, and parse_upstream refuses it as it stands
+        return Upstream(text.rstrip("/"))
     return Upstream(url.strip().rstrip("/"), _models(models_text.split("|"), entry))
 
 
@@ -79,8 +82,6 @@ def parse_upstream(url: str, setting: str = "upstream") -> httpx.URL:
         raise ConfigError(setting, url, expected) from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ConfigError(setting, url, expected)
-    if parsed.query or parsed.fragment:
-        raise ConfigError(setting, url, f"{expected}, without a query or fragment")
     if parsed.userinfo:
         # the URL names its upstream in logs, on /metrics and in x-obleth-upstream: a
         # password in it would be shown to every client; the message masks it too
@@ -93,6 +94,9 @@ def parse_upstream(url: str, setting: str = "upstream") -> httpx.URL:
             "and in x-obleth-upstream); a backend that wants a key gets the client's "
             "Authorization header, which the proxy forwards",
         )
+    # after the password check, as this message shows the URL; a bare "?" or "#" counts
+    if parsed.query or parsed.fragment or "?" in url or "#" in url:
+        raise ConfigError(setting, url, f"{expected}, without a query or fragment")
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         raise ConfigError(setting, url, f"port {parsed.port} is out of range (1-65535); {expected}")
     return parsed

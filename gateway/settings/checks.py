@@ -49,11 +49,24 @@ def check_int(minimum: int, maximum: int | None = None) -> Callable[[Settings, s
     return check
 
 
+#: The longest any seconds setting may be: one day. Each is a wait within one request's
+#: life, a pause between two readings, or how long a lost pod's seats stay taken; none has
+#: a use beyond a day. Larger values were taken as given: 1e20 became a 21-digit
+#: ``Retry-After``, a lease that never lets a crashed pod's seats go, and from about 1e305
+#: an overflow (a traceback at startup) where the Redis backend turns them into
+#: milliseconds. Where "no limit" is meaningful (the upstream timeouts) it is spelled None.
+MAX_SECONDS = 86_400
+
+_AT_MOST_A_DAY = f"expected at most {MAX_SECONDS} seconds (one day)"
+
+
 def check_seconds(settings: Settings, name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise settings.error(name, value, "expected a number of seconds")
     if not finite(value) or value <= 0:
         raise settings.error(name, value, "expected a finite number of seconds above 0")
+    if value > MAX_SECONDS:
+        raise settings.error(name, value, _AT_MOST_A_DAY)
     return float(value)
 
 
@@ -283,7 +296,13 @@ def check_seed(settings: Settings, name: str, value: Any) -> int | None:
 
 
 def check_optional_seconds(settings: Settings, name: str, value: Any) -> float | None:
-    return None if value is None else check_seconds(settings, name, value)
+    """``check_seconds``, or None for no limit (what an empty variable reads as)."""
+    if value is None:
+        return None
+    if finite(value) and value > MAX_SECONDS:
+        unset = "leave it empty" if name in settings.env_names else "None"
+        raise settings.error(name, value, f"{_AT_MOST_A_DAY}, or {unset} for no limit")
+    return check_seconds(settings, name, value)
 
 
 #: The smallest ``max_header_bytes``: a request line and a handful of ordinary headers.

@@ -144,6 +144,26 @@ def test_a_bad_demo_flag_exits_2_with_one_line(argv: list[str], told: str) -> No
     assert done.stderr.startswith(f"obleth demo: {told}") and len(done.stderr.splitlines()) == 1
 
 
+def test_demo_help_says_obleth_variables_play_no_part(capsys: pytest.CaptureFixture[str]) -> None:
+    """Someone whose shell carries ``OBLETH_*`` for ``obleth serve`` learns from the demo's
+    help that they do not reach the demo, which runs on its flags alone."""
+    text = " ".join(help_of(["demo"], capsys).split())
+    assert "configured by these flags only: OBLETH_* variables" in text
+    assert "play no part in it" in text
+
+
+def test_the_demo_runs_on_its_flags_whatever_obleth_variables_say(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the help promises: a variable that would stop ``obleth serve`` (a limit of 0)
+    changes nothing in the demo, whose summary holds to its own --limit."""
+    monkeypatch.setenv("OBLETH_GLOBAL_MAX_IN_FLIGHT", "0")
+    monkeypatch.setenv("OBLETH_TENANT_HEADER", "x-team")
+    done = obleth("demo", "--duration", "0.3", "--limit", "3")
+    assert done.returncode == 0, done.stderr
+    assert "(limit 3): never above the limit" in done.stdout
+
+
 def test_output_piped_into_a_reader_that_leaves_ends_quietly() -> None:
     """``obleth simulate --json --sweep ... | head -1``: the reader closes the pipe after
     its line, with more to come than a pipe holds; the command stops with the status of

@@ -233,6 +233,36 @@ def test_bad_upstreams_are_refused_naming_the_setting(entry: Any, complaint: str
     assert complaint in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "entry", ["http://h?y=1", "http://h#a=b", "http://h/v1?a=b=llama", "http://h?"]
+)
+def test_an_upstream_with_a_query_is_refused_as_the_user_wrote_it(entry: str) -> None:
+    """An ``=`` inside a query or fragment does not start the models: the message shows
+    the whole entry, not a URL cut at that ``=``, and says a query is not allowed."""
+    for settings in (
+        lambda: Settings(upstreams=[entry]),
+        lambda: Settings.from_env({"OBLETH_UPSTREAMS": entry}),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            settings()
+        assert str(caught.value).split("=", 1)[1].startswith(f"{entry!r}: ")
+        assert str(caught.value).endswith("without a query or fragment")
+
+
+def test_models_still_follow_the_first_equals_sign_of_a_plain_url() -> None:
+    """``URL=model|model`` is unchanged by the query rule."""
+    [upstream] = Settings(upstreams=["http://h:8000=llama|qwen"]).upstreams
+    assert upstream == Upstream("http://h:8000", frozenset({"llama", "qwen"}))
+
+
+@pytest.mark.parametrize("entry", ["http://u:s3cret@h?y=1", "http://u:s3cret@h#a=b"])
+def test_an_upstream_with_a_query_and_a_password_hides_the_password(entry: str) -> None:
+    """Whatever else is wrong with the URL, the password never reaches the message."""
+    with pytest.raises(ConfigError) as caught:
+        Settings(upstreams=[entry])
+    assert "s3cret" not in str(caught.value) and "without a user or password" in str(caught.value)
+
+
 @pytest.mark.parametrize("entry", ["http://user:s3cret@vllm-a:8000", "http://s3cret@vllm-a:8000"])
 def test_an_upstream_with_credentials_is_refused_without_showing_them(entry: str) -> None:
     """An upstream's URL is shown in logs, on ``/metrics`` and in ``x-obleth-upstream``: a

@@ -223,6 +223,33 @@ def test_a_value_of_the_wrong_type_exits_2_naming_the_flag(flag: str) -> None:
     assert f"argument {flag}: invalid" in done.stderr.splitlines()[-1]
 
 
+#: A flag and a sweep that sets it for each run; the flag's value is its default for
+#: --num-instances (given, it is still the user's word the sweep would overrule).
+SWEPT_AND_GIVEN = [
+    ("--num-instances", "1", "num-instances=2,3"),
+    ("--rate", "5", "rate=1,2"),
+    ("--max-in-flight", "8", "max-in-flight=4,8"),
+    ("--total-kv-blocks", "9000", "total-kv-blocks=8192,32768"),
+    ("--max-num-seqs", "8", "max-num-seqs=4,8"),
+]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "sweep"), SWEPT_AND_GIVEN, ids=[s[0] for s in SWEPT_AND_GIVEN]
+)
+def test_a_flag_the_sweep_sets_is_refused_naming_both(
+    flag: str, value: str, sweep: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--num-instances 1 --sweep num-instances=2,3`` would never run the one instance
+    asked for: like any bad flag, status 2 and one line naming both flags, before any run."""
+    assert main(["simulate", "--num-requests=5", flag, value, f"--sweep={sweep}"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    [line] = err.splitlines()
+    assert line.startswith(f"obleth: {flag} ")
+    assert line.endswith(f"--sweep {sweep} sets {flag} for each run; give one or the other")
+
+
 # -- determinism -----------------------------------------------------------------------------
 
 
