@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeGuard
 
 from gateway.complaints import Complaints
+from gateway.faults import PASSED_ON
 from gateway.protocols import CapacityProvider
 
 log = logging.getLogger("obleth.capacity")
@@ -52,8 +53,9 @@ class ProviderFailed(ValueError):
 class Capacity:
     """Combines providers by minimum and shields the request path from faulty ones.
 
-    A provider that raises or answers something other than a whole number ≥ 0 is logged
-    by name (at most once a minute) and its last good answer is used instead. A provider
+    A provider that raises (anything but ``gateway.faults.PASSED_ON``: ``SystemExit``
+    too) or answers something other than a whole number ≥ 0 is logged by name (at most
+    once a minute) and its last good answer is used instead. A provider
     that offers ``subscribe`` promises to announce every change, so its value is read
     once per change instead of once per decision; the others are read every time.
     """
@@ -114,7 +116,9 @@ class Capacity:
         for index, (name, provider) in enumerate(self._providers):
             try:
                 value = provider.max_in_flight()
-            except Exception:
+            except PASSED_ON:
+                raise
+            except BaseException:
                 value = None
             values[name] = value if _whole(value) else self._last_good[index]
         return values
@@ -139,7 +143,9 @@ class Capacity:
     def _read(self, index: int, provider: CapacityProvider, *, initial: bool = False) -> int:
         try:
             value = provider.max_in_flight()
-        except Exception as exc:
+        except PASSED_ON:
+            raise
+        except BaseException as exc:
             if initial:
                 name = self._providers[index][0]
                 raise ProviderFailed(name, f"max_in_flight() raised {exc!r}") from exc

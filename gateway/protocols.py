@@ -73,7 +73,10 @@ class RoutingScorer(Protocol):
     """Scores upstreams for a request: each value in [0, 1], higher is better.
 
     Called on the request path for every routed request: no I/O; read scraped backend
-    readings from memory.
+    readings from memory. A finite number outside [0, 1] is clamped; an answer that is no
+    mapping, or scores a candidate with anything but a finite real number (a string,
+    None, NaN, infinity), is the plugin's fault: logged under its name and dropped whole
+    for that request, as when ``score`` raises.
     """
 
     def score(self, request: object, upstreams: list[str]) -> Mapping[str, float]: ...

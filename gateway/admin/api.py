@@ -17,6 +17,11 @@ reach it during overload) or served on a listener of its own. What it offers tod
 - ``GET /dashboard``: one page that polls the status and sets the limit
   (``dashboard.py``); it holds no data of its own.
 
+``HEAD`` is answered wherever ``GET`` is, with the same status and headers (the server
+leaves the body out); any other method a path does not take gets 405 with ``Allow``.
+Ambiguous input is refused 400 rather than read one way: a request carrying
+``Authorization`` more than once, a JSON body naming a field twice.
+
 The capacity and status calls need ``Authorization: Bearer <admin_token>``; the OpenAPI
 document and the dashboard's page hold no state and need none. Without ``admin_token``
 the whole API is off and answers 404, so that a gateway nobody configured exposes nothing.
@@ -88,21 +93,25 @@ class _Admin:
             else:
                 await _not_allowed(send, method, ("GET", "HEAD"))
             return
-        presented = _bearer(scope)
+        try:
+            presented = _bearer(scope)
+        except _Repeated as exc:
+            await _ambiguous(send, exc, code="invalid_header")
+            return
         if presented is None or not hmac.compare_digest(presented, self._token):
             await _unauthorized(send)
             return
         if path == STATUS_PATH:
-            if method == "GET":
+            if method in ("GET", "HEAD"):
                 await send_json(send, 200, status(self.gateway), [NO_STORE])
             else:
-                await _not_allowed(send, method, ("GET",))
-        elif method == "GET":
+                await _not_allowed(send, method, ("GET", "HEAD"))
+        elif method in ("GET", "HEAD"):
             await self._capacity(send)
         elif method == "PUT":
             await self._set_capacity(scope, receive, send, presented)
         else:
-            await _not_allowed(send, method, ("GET", "PUT"))
+            await _not_allowed(send, method, ("GET", "HEAD", "PUT"))
 
     async def _capacity(self, send: Send) -> None:
         await send_json(send, 200, {"max_in_flight": self.gateway.snapshot().limit}, [NO_STORE])
@@ -120,7 +129,11 @@ class _Admin:
             return
         except Disconnected:
             return  # nobody to answer (or, cut off for pausing, ``BodyTimeout`` answers 408)
-        limit, problem = _limit_of(body)
+        try:
+            limit, problem = _limit_of(body)
+        except _Repeated as exc:
+            await _ambiguous(send, exc, code="invalid_body")
+            return
         if problem is not None:
             await send_json_error(send, 422, problem, code="invalid_body", param="max_in_flight")
             return
@@ -160,12 +173,36 @@ async def _heard(gateway: Gateway) -> None:
             await gateway.backend.settled()
 
 
+class _Repeated(Exception):
+    """Input that names ``what`` more than once, which readers resolve differently (the
+    first, the last, both joined): answered 400, never read one way or the other."""
+
+    def __init__(self, what: str, message: str) -> None:
+        super().__init__(message)
+        self.what = what
+
+
 def _bearer(scope: Scope) -> bytes | None:
+    """The bearer token the request presents, None without one; raises ``_Repeated`` for
+    a request carrying ``Authorization`` twice (a proxy on the way may have added one)."""
+    found = None
     for name, value in scope["headers"]:
         if name == b"authorization":
-            scheme, _, token = value.partition(b" ")
-            return token.strip() if scheme.lower() == b"bearer" else None
-    return None
+            if found is not None:
+                raise _Repeated(
+                    "authorization",
+                    "the request carries the Authorization header more than once; "
+                    "send it once: Authorization: Bearer <admin_token>",
+                )
+            found = value
+    if found is None:
+        return None
+    scheme, _, token = found.partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else None
+
+
+async def _ambiguous(send: Send, error: _Repeated, *, code: str) -> None:
+    await send_json_error(send, 400, str(error), code=code, param=error.what)
 
 
 async def _unauthorized(send: Send) -> None:
@@ -176,15 +213,19 @@ async def _unauthorized(send: Send) -> None:
 
 async def _not_allowed(send: Send, method: str, allowed: tuple[str, ...]) -> None:
     """405, with the ``Allow`` header RFC 9110 (section 15.5.6) requires of it."""
-    message = f"{method} is not allowed here; use {' or '.join(allowed)}"
+    *first, last = allowed
+    message = f"{method} is not allowed here; use {', '.join(first)} or {last}"
     document = error_document(405, message, code="bad_method")
     await send_json(send, 405, document, [(b"allow", ", ".join(allowed).encode())])
 
 
 def _limit_of(body: bytes) -> tuple[int | None, str | None]:
-    """The limit a PUT body asks for, or the problem with the body."""
+    """The limit a PUT body asks for, or the problem with the body; raises ``_Repeated``
+    for an object that names a field twice."""
     try:
-        document: Any = json.loads(body)
+        document: Any = json.loads(body, object_pairs_hook=_object_once)
+    except _Repeated:
+        raise
     except (ValueError, RecursionError):
         return None, f"the body is no JSON; send {_SHAPE}"
     if not isinstance(document, dict):
@@ -202,3 +243,17 @@ def _limit_of(body: bytes) -> tuple[int | None, str | None]:
     if not 0 <= limit <= MAX_LIMIT:
         return None, f"max_in_flight: {value!r} is outside 0 to {MAX_LIMIT} (0 pauses admissions)"
     return limit, None
+
+
+def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as ``json.loads`` builds it, unless it names a field twice: RFC 8259
+    (section 4) leaves what that means to each reader, and Python's keeps the last."""
+    document = dict(pairs)
+    if len(document) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                message = f"the body names the field {key!r} twice; send it once: {_SHAPE}"
+                raise _Repeated(key, message)
+            seen.add(key)
+    return document

@@ -28,8 +28,11 @@ _ABOUT = (
     "Reads and changes a running Obleth gateway's limit on requests in flight, and reports "
     "its state. The API is off (every path answers 404) until `admin_token` is set; the "
     "capacity and status endpoints then need `Authorization: Bearer <admin_token>`, while "
-    "this document and the dashboard's page hold no state and need no token. A method a "
-    "path does not list is answered 405 with an error body. See docs/operations.md."
+    "this document and the dashboard's page hold no state and need no token. HEAD is "
+    "answered wherever GET is, with GET's status and headers and no body; any other method "
+    "a path does not list is answered 405 with an error body and an `Allow` header. A "
+    "request carrying `Authorization` more than once is refused 400 (`code` "
+    "`invalid_header`). See docs/operations.md."
 )
 
 
@@ -128,6 +131,13 @@ def _unauthorized() -> dict[str, Any]:
     return {"$ref": "#/components/responses/Unauthorized"}
 
 
+def _twice_authorized() -> dict[str, Any]:
+    return _error_response(
+        "`Authorization` sent more than once (`code` `invalid_header`, `param` "
+        "`authorization`): ambiguous, refused whatever the values hold."
+    )
+
+
 def _guarded() -> list[dict[str, list[str]]]:
     """The security requirement of the endpoints behind the token."""
     return [{"adminToken": []}]
@@ -135,7 +145,8 @@ def _guarded() -> list[dict[str, list[str]]]:
 
 def _capacity_path() -> dict[str, Any]:
     return {
-        "description": "The limit on requests in flight. Other methods: 405.",
+        "description": "The limit on requests in flight. GET, HEAD (GET's status and "
+        "headers, no body) and PUT; other methods: 405.",
         "get": {
             "operationId": "getCapacity",
             "summary": "The limit in force",
@@ -146,6 +157,7 @@ def _capacity_path() -> dict[str, Any]:
                     "description": "The limit in force.",
                     "content": _json(schemas.ref("Capacity")),
                 },
+                "400": _twice_authorized(),
                 "401": _unauthorized(),
             },
         },
@@ -173,6 +185,11 @@ def _capacity_path() -> dict[str, Any]:
                     "GET answers from now on).",
                     "content": _json(schemas.ref("CapacitySet")),
                 },
+                "400": _error_response(
+                    "Ambiguous input, refused whatever it holds: a body that names a field "
+                    "twice (`code` `invalid_body`, `param` the field), or `Authorization` "
+                    "sent more than once (`code` `invalid_header`); the limit stays."
+                ),
                 "401": _unauthorized(),
                 "409": _error_response(
                     "No single capacity provider can take the limit (`code` `not_settable`)."
@@ -192,13 +209,15 @@ def _capacity_path() -> dict[str, Any]:
 
 def _status_path() -> dict[str, Any]:
     return {
-        "description": "The gateway's state. Other methods: 405.",
+        "description": "The gateway's state. GET and HEAD (GET's status and headers, no "
+        "body); other methods: 405.",
         "get": {
             "operationId": "getStatus",
             "summary": "The gateway's state now",
             "security": _guarded(),
             "responses": {
                 "200": {"description": "The state.", "content": _json(schemas.ref("Status"))},
+                "400": _twice_authorized(),
                 "401": _unauthorized(),
             },
         },

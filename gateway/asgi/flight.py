@@ -26,6 +26,7 @@ from gateway.complaints import Complaints
 from gateway.core.tickets import Ticket
 from gateway.core.tickets import ticket as make_ticket
 from gateway.errors import BadRequest, Disconnected, Rejected, Unroutable
+from gateway.faults import PASSED_ON
 from gateway.protocols import Classification, FreeSeats, Permit, RequestInfo
 from gateway.routing.router import Decision
 from gateway.telemetry import tallies
@@ -103,7 +104,9 @@ class Flight:
                     self.ticket = plan.header_ticket(scope["headers"])
                 except BadRequest:
                     raise
-                except Exception:  # a plugin's fault: named in the log, the request goes on
+                except PASSED_ON:
+                    raise
+                except BaseException:  # a plugin's fault: named in the log, the request goes on
                     plan.plugins.header_ticket_failed()
                     self.ticket = make_ticket(plan.default.tenant, plan.default.priority)
             else:
@@ -148,18 +151,20 @@ class Flight:
             await plan.app(scope, self.receive if body is None else body.replay, send)
             # a response whose seats came back at its last chunk is complete, whatever the
             # app read afterwards (a server answers receive() with a disconnect once the
-            # response is done, and streaming responses listen); one begun and never
-            # finished was cut short: by the client leaving (the rule when the flight does
-            # not watch receive(): streaming responses stop so), else by the app itself (a
-            # proxy whose upstream failed mid-stream); the server closes the connection
+            # response is done, and streaming responses listen); one unfinished, begun or
+            # not, was cut short: by the client leaving (the rule when the flight does not
+            # watch receive(): streams stop so, a proxy drops an upload cut half-way), else
+            # by the app itself (a proxy whose upstream failed mid-stream)
             if not self._holds_seats:
                 outcome = tallies.COMPLETED
             elif body is not None and body.disconnected:
                 outcome = tallies.CANCELLED
-            elif not self.started:  # WSGI's hand-over, or an app that answered nothing
+            elif plan.answers_aside:  # a WSGI app's worker thread answered the client
                 outcome = tallies.COMPLETED
-            else:
-                outcome = tallies.CANCELLED if body is None else tallies.ERROR
+            elif body is None:
+                outcome = tallies.CANCELLED
+            else:  # the client stayed: the app cut its answer short, or gave none
+                outcome = tallies.ERROR
         except asyncio.CancelledError:
             outcome = tallies.CANCELLED
             raise
@@ -328,10 +333,9 @@ class Flight:
     ) -> None:
         """Count a request that the app never saw, and end its span: ``outcome`` (one of
         ``tallies``') and ``reason`` say why, ``waited_s`` how long it queued. ``unclassified``:
-        before it had a ticket (it is counted as the default tenant's)."""
+        before it had a ticket (see ``FlightPlan.ticket_of_refused``)."""
         if unclassified:
-            default = self.plan.default
-            self.ticket = make_ticket(default.tenant, default.priority)
+            self.ticket = self.plan.ticket_of_refused(self.scope["headers"])
         self.plan.tallies.count(self.ticket, outcome, reason)
         span = self.span
         if span is not None:

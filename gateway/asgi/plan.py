@@ -5,13 +5,14 @@ the middleware is built: the gateway's parts and the settings the request path r
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from gateway.asgi.responses import send_json_error
 from gateway.complaints import Complaints
 from gateway.core.memo import Memo
-from gateway.core.tickets import PRIORITIES, Ticket
-from gateway.errors import Unroutable
+from gateway.core.tickets import PRIORITIES, Ticket, ticket
+from gateway.errors import BadRequest, Unroutable
+from gateway.faults import PASSED_ON
 from gateway.gateway import Gateway
 from gateway.protocols import Classification
 from gateway.routing.request import RequestReader
@@ -53,6 +54,7 @@ class FlightPlan:
     settings the request path reads, looked up once."""
 
     __slots__ = (
+        "answers_aside",
         "app",
         "complaints",
         "default",
@@ -75,9 +77,20 @@ class FlightPlan:
         "wait_attributes",
     )
 
-    def __init__(self, app: ASGIApp, gateway: Gateway, complaints: Complaints) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        gateway: Gateway,
+        complaints: Complaints,
+        *,
+        answers_aside: bool = False,
+    ) -> None:
+        """``answers_aside``: ``app`` answers the client some other way than through the
+        ``send`` it is given (the WSGI adapter's worker thread does), so an app that
+        returns without sending anything has answered."""
         config = gateway.settings
         self.app = app
+        self.answers_aside = answers_aside
         self.gateway = gateway
         self.plugins = plugins = gateway.plugins
         self.scheduler = gateway.scheduler
@@ -116,6 +129,24 @@ class FlightPlan:
         #: tells the providers that follow time to first byte each admitted request's;
         #: None when no provider does, and then a request pays nothing for it
         self.first_byte = FirstByteFeed.of(gateway, complaints)
+
+    def ticket_of_refused(self, headers: Iterable[tuple[bytes, bytes]]) -> Ticket:
+        """The ticket a request refused before it was classified is counted under (a body
+        over ``max_body_bytes``, that paused, or that the client left half-way): the one
+        its headers name when the classifier reads the headers alone, as the built-in one
+        does (cheap, and known before the body); else the default class's, since a
+        classifier that reads the body never got one. Called only on refusals."""
+        header_ticket = self.header_ticket
+        if header_ticket is not None:
+            try:
+                return header_ticket(headers)
+            except BadRequest:
+                pass  # the headers are what was refused
+            except PASSED_ON:
+                raise
+            except BaseException:
+                self.plugins.header_ticket_failed()
+        return ticket(self.default.tenant, self.default.priority)
 
     async def answer_unroutable(self, send: Send, error: Unroutable) -> None:
         """Answer a request no upstream can take: the error's status, and for a 503 a
@@ -170,7 +201,9 @@ class FirstByteFeed:
         for name, origin, listener in self._listeners:
             try:
                 listener(seconds)
-            except Exception:
+            except PASSED_ON:
+                raise
+            except BaseException:
                 if self._complaints.may(("first_byte", name)):
                     log.exception(
                         "capacity provider %r%s raised in first_byte(); the request goes on",

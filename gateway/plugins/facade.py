@@ -15,16 +15,16 @@ import importlib.metadata
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, Final, cast
 
 import pluggy
 
-from gateway import hookspecs
+from gateway import builtin, hookspecs
 from gateway.builtin import DEFAULT_PLUGINS
 from gateway.complaints import Complaints
 from gateway.core.tickets import Ticket
 from gateway.errors import BadRequest, PluginError
+from gateway.faults import PASSED_ON
 from gateway.hookspecs import HEADER_TICKETS
 from gateway.plugins.checks import (
     ENTRY_POINT_GROUP,
@@ -81,9 +81,9 @@ class Plugins:
         self._origin: dict[str, tuple[str, str]] = {}
         self._builtins: set[str] = set()
         for module_name in DEFAULT_PLUGINS:
-            module = importlib.import_module(module_name)
-            self._register(module, _builtin_name(module), ("obleth", _own_version()))
-            self._builtins.add(_builtin_name(module))
+            name = builtin.plugin_name(module_name)
+            self._register(importlib.import_module(module_name), name, builtin.origin())
+            self._builtins.add(name)
         # every broken plugin is found before one error names them all
         problems: list[PluginError] = []
         #: every plugin name offered, registered or blocked
@@ -300,8 +300,9 @@ class Plugins:
 
     def classify(self, scope: Scope, body: bytes | None) -> Classification | None:
         """The first plugin's answer through the hook (``header_ticket``, when offered, is
-        the caller's to try first); a plugin that raises is logged and skipped. Plugins
-        get the headers decoded, in a dict with lower-case names."""
+        the caller's to try first); a plugin that raises (anything but ``BadRequest``
+        and ``gateway.faults.PASSED_ON``) is logged and skipped. Plugins get the headers
+        decoded, in a dict with lower-case names."""
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         arguments = {"scope": scope, "headers": headers, "body": body, "settings": self.settings}
         for impl in self._classifiers:
@@ -309,7 +310,9 @@ class Plugins:
                 answer = impl(arguments)
             except BadRequest:
                 raise
-            except Exception:
+            except PASSED_ON:
+                raise
+            except BaseException:  # SystemExit too: see gateway.faults
                 self._complain(impl.plugin, "hook obleth_classify_request")
                 continue
             if answer is None:
@@ -358,7 +361,9 @@ class Plugins:
         for impl in impls:
             try:
                 impl(arguments)
-            except Exception:
+            except PASSED_ON:
+                raise
+            except BaseException:
                 self._complain(impl.plugin, f"hook {hook}")
 
     def _complain(self, plugin: str, what: str, problem: str | None = None) -> None:
@@ -387,14 +392,3 @@ class Plugins:
 
 
 _APPLICATION: Final = ("", "")
-
-
-def _builtin_name(module: ModuleType) -> str:
-    return module.__name__.rsplit(".", 1)[-1].replace("_", "-")
-
-
-def _own_version() -> str:
-    try:
-        return importlib.metadata.version("obleth")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"

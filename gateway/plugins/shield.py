@@ -8,6 +8,7 @@ from typing import Final, get_args
 
 from gateway.core.admission import OverflowAction, QueueView
 from gateway.core.tickets import Ticket
+from gateway.faults import PASSED_ON
 from gateway.protocols import OverflowPolicy
 
 _ACTIONS: Final[frozenset[str]] = frozenset(get_args(OverflowAction))
@@ -17,8 +18,9 @@ FALLBACK: Final[OverflowAction] = "wait"
 
 
 class ShieldedPolicy:
-    """An overflow policy whose faults (``decide`` raises, or answers no action) are
-    logged through ``complain(plugin, what, problem=None)`` and answered ``FALLBACK``."""
+    """An overflow policy whose faults (``decide`` raises, ``SystemExit`` included, or
+    answers no action) are logged through ``complain(plugin, what, problem=None)`` and
+    answered ``FALLBACK``; ``gateway.faults.PASSED_ON`` is raised as it comes."""
 
     __slots__ = ("_complain", "_decide", "_plugin")
 
@@ -35,7 +37,9 @@ class ShieldedPolicy:
     def decide(self, view: QueueView, ticket: Ticket) -> OverflowAction:
         try:
             action = self._decide(view, ticket)
-        except Exception:
+        except PASSED_ON:
+            raise
+        except BaseException:
             self._complain(self._plugin, "its overflow policy's decide()")
             return FALLBACK
         if not isinstance(action, str) or action not in _ACTIONS:  # a list is no action

@@ -10,7 +10,9 @@ Pipeline for every admitted request, from memory and without I/O:
    ``routing_load_slack`` requests ahead of the least loaded.
    When every healthy upstream is saturated, all of them stay candidates.
 2. **policy**: ``weighted`` sums the scorers' outputs (each clamped to [0, 1], weights
-   normalized to sum 1) and takes the highest; ``round-robin`` takes request n mod k;
+   normalized to sum 1) and takes the highest; a plugin scorer that raises, or answers
+   anything but a mapping of upstream to finite number, is left out of that request
+   (and named in the log); ``round-robin`` takes request n mod k;
    ``least-loaded`` the fewest waiting + running + our in flight (stale readings last).
 3. **ties** go to the fewest in flight, then a seeded random draw.
 
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import random
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +34,7 @@ from typing import Any
 from gateway.core.memo import Memo
 from gateway.core.scoring import best, clamp, normalized, ranked, weighted_totals
 from gateway.errors import Unroutable
+from gateway.faults import PASSED_ON
 from gateway.protocols import RoutingScorer
 from gateway.routing.activity import Activity
 from gateway.routing.decisions import REROUTED, ROUTED, DecisionLog
@@ -136,7 +141,9 @@ class Router:
     """Chooses an upstream for each admitted request; one per gateway.
 
     ``scorers`` are used by the ``weighted`` policy; ``complain(plugin, problem)`` is told
-    when a scorer raises on the request path (the request is routed without it).
+    when a scorer raises on the request path (anything but ``gateway.faults.PASSED_ON``),
+    or a plugin's scorer answers what ``_usable`` refuses: the request is routed without
+    that scorer.
     """
 
     def __init__(
@@ -271,12 +278,18 @@ class Router:
             try:
                 if entry.builtin:
                     scores[entry.name] = dict(entry.scorer.score(request, candidates))
-                else:  # its own copy: a plugin changing the list changes no one else's
-                    given = entry.scorer.score(request, list(candidates))
-                    scores[entry.name] = _clamped(given, candidates)
-            except Exception as exc:
+                    continue
+                # its own copy: a plugin changing the list changes no one else's
+                usable = _usable(entry.scorer.score(request, list(candidates)), candidates)
+            except PASSED_ON:
+                raise
+            except BaseException as exc:  # SystemExit too: a plugin's fault like any other
                 self._complain(entry.plugin, f"scorer {entry.name!r} raised {exc!r}")
-                scores[entry.name] = {}
+                usable = {}
+            if isinstance(usable, str):
+                self._complain(entry.plugin, f"scorer {entry.name!r} {usable}")
+                usable = {}
+            scores[entry.name] = usable
         totals = weighted_totals(scores, self._weights, candidates)
         scores["total"] = totals
         rng = self._rng
@@ -316,7 +329,9 @@ class Router:
         for plugin, hook in self._dispatch_hooks:
             try:
                 hook(request, upstream)
-            except Exception as exc:
+            except PASSED_ON:
+                raise
+            except BaseException as exc:
                 self._complain(plugin, f"a scorer's dispatched() raised {exc!r}")
 
     def _moved(self, request: RouteRequest, previous: str, upstream: str) -> None:
@@ -334,7 +349,20 @@ class Router:
         return {u: self.fleet.inflight.count(u) for u in self.upstreams}
 
 
-def _clamped(given: Mapping[str, float], candidates: list[str]) -> dict[str, float]:
+def _usable(given: object, candidates: list[str]) -> dict[str, float] | str:
     """A plugin scorer's answer as the router uses it: the candidates' scores, forced into
-    [0, 1] (an upstream it names that is no candidate is left out)."""
-    return {u: clamp(given[u]) for u in candidates if u in given}
+    [0, 1] (an upstream it names that is no candidate is left out, one it does not name
+    scores 0). An answer that is no mapping, or gives a candidate anything but a finite
+    real number (a string, None, NaN, infinity), is unusable as a whole: what is wrong
+    with it is returned instead, for the log."""
+    if not isinstance(given, Mapping):
+        return f"returned {reprlib.repr(given)}, not a mapping of upstream to score"
+    usable = {}
+    for upstream in candidates:
+        if upstream not in given:
+            continue
+        score = given[upstream]
+        if not isinstance(score, numbers.Real) or not math.isfinite(score):
+            return f"scored {upstream!r} {reprlib.repr(score)}, not a finite number"
+        usable[upstream] = clamp(float(score))
+    return usable

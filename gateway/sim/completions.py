@@ -24,6 +24,7 @@ from gateway.sim.wire import (
     parse_request,
     response_body,
     sse_event,
+    unserved_model_body,
     usage_body,
     usage_chunk_body,
 )
@@ -39,7 +40,9 @@ class CompletionEndpoint:
     Every call is counted in `stats` from entry until the final body message has been
     sent, or until the client disconnects (which also withdraws the request from the
     engine at once). A request with `x-sim-fail: <status>` is answered with that status
-    and an OpenAI-style error body, without reaching the engine.
+    and an OpenAI-style error body, without reaching the engine; so is a request naming
+    a model other than the served one: 404, as vLLM answers it (a request naming no
+    model, or an empty name, gets the served model, as on vLLM).
     """
 
     def __init__(self, endpoint: Endpoint, engine: SimEngine, stats: SimStats) -> None:
@@ -87,6 +90,10 @@ class CompletionEndpoint:
             request = parse_request(self._endpoint, body)
         except InvalidRequest as exc:
             await _send_json(send, 400, error_body(exc.message, param=exc.param))
+            return
+        served = self._engine.config.model
+        if request.model and request.model != served:
+            await _send_json(send, 404, unserved_model_body(request.model, [served]))
             return
         try:
             generation = self._engine.submit(request.prompt_text, request.max_tokens)

@@ -37,7 +37,8 @@ class SimConfig:
 
     model: str = "obleth-sim"
     """Model name served by /v1/models, echoed in responses and used as the `model_name`
-    metric label. Requests may name any model; the simulator answers as this one."""
+    metric label. A request naming another model is answered 404 `NotFoundError`, as
+    vLLM answers it; one naming none is answered as this one."""
 
     max_num_seqs: int = 32
     """Continuous-batching slots (sequences): how many requests decode at once. Requests

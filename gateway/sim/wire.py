@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,6 +29,8 @@ class CompletionRequest:
     """What the simulator takes from a completions or chat completions request."""
 
     endpoint: Endpoint
+    model: str | None
+    """The `model` the request names; None when it names none (the served model then)."""
     prompt_text: str
     """The prompt as one string (chat messages serialized in order)."""
     max_tokens: int | None
@@ -41,7 +44,8 @@ def parse_request(endpoint: Endpoint, body: bytes) -> CompletionRequest:
     """Validate a request body; raise `InvalidRequest` naming the offending parameter.
 
     Fields the simulator does not model (temperature, stop, tools, ...) are accepted and
-    ignored; `model` may name any model.
+    ignored; `model` must be a string when given (whether it is served is for the caller
+    to check, see `unserved_model_body`).
     """
     try:
         payload = json.loads(body)
@@ -76,6 +80,7 @@ def parse_request(endpoint: Endpoint, body: bytes) -> CompletionRequest:
         raise InvalidRequest("include_usage must be a boolean", "stream_options.include_usage")
     return CompletionRequest(
         endpoint=endpoint,
+        model=model,
         prompt_text=text,
         max_tokens=max_tokens,
         stream=bool(stream),
@@ -159,9 +164,18 @@ def error_body(
     *,
     error_type: str = "invalid_request_error",
     param: str | None = None,
+    code: int | None = None,
 ) -> dict[str, Any]:
     """An OpenAI-style error body."""
-    return {"error": {"message": message, "type": error_type, "param": param, "code": None}}
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def unserved_model_body(model: str, served: Sequence[str]) -> dict[str, Any]:
+    """The body of the 404 that answers a request for a model not served, in vLLM's shape
+    (its `type` is `NotFoundError`, its `code` the status, its `param` `model`), with the
+    served names in the message, so that a misconfigured client learns what to ask for."""
+    message = f"The model `{model}` does not exist; this backend serves: {', '.join(served)}."
+    return error_body(message, error_type="NotFoundError", param="model", code=404)
 
 
 def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

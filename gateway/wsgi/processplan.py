@@ -84,4 +84,5 @@ class ProcessPlan:
         return inherited  # never started: nothing of the first process in it
 
     def _plan_of(self, gateway: Gateway) -> FlightPlan:
-        return FlightPlan(self._app, gateway, Complaints())
+        # the worker thread answers the client: the flight's app only waits for it
+        return FlightPlan(self._app, gateway, Complaints(), answers_aside=True)

@@ -21,6 +21,7 @@ from tests.backends.dial import Dial, DialPlugin
 from tests.backends.redis_pods import TTL, Pods, eventually
 
 CAPACITY = "/api/v1/capacity"
+STATUS = "/api/v1/status"
 
 pytestmark = pytest.mark.anyio
 
@@ -214,6 +215,74 @@ async def test_no_token_or_a_wrong_one_gets_401_and_changes_nothing(
             assert answer.status_code == 401
             assert answer.headers["www-authenticate"].startswith("Bearer")
             assert answer.json()["error"]["code"] == "unauthorized"
+        assert gateway.capacity.current() == 4
+
+
+async def test_head_on_a_read_answers_what_get_answers_without_the_body() -> None:
+    """A monitoring tool's HEAD on the capacity or the status gets the GET's status and
+    headers and no body; without the token, the same 401; a method a path does not take
+    gets 405 with an ``Allow`` header that lists HEAD beside GET."""
+    async with (
+        started(global_max_in_flight=4, admin_token=TOKEN) as gateway,
+        admin(gateway) as client,
+    ):
+        for path in (CAPACITY, STATUS):
+            got = await client.get(path, headers=BEARER)
+            head = await client.head(path, headers=BEARER)
+            assert (head.status_code, head.content) == (200, b"")
+            for name in ("content-type", "cache-control"):
+                assert head.headers[name] == got.headers[name]
+            refused = await client.head(path)
+            assert (refused.status_code, refused.content) == (401, b"")
+            assert refused.headers["www-authenticate"].startswith("Bearer")
+        limit = await client.get(CAPACITY, headers=BEARER)
+        head = await client.head(CAPACITY, headers=BEARER)
+        assert head.headers["content-length"] == str(len(limit.content))
+        wrong = {path: await client.delete(path, headers=BEARER) for path in (CAPACITY, STATUS)}
+    assert {path: (a.status_code, a.headers["allow"]) for path, a in wrong.items()} == {
+        CAPACITY: (405, "GET, HEAD, PUT"),
+        STATUS: (405, "GET, HEAD"),
+    }
+
+
+async def test_a_body_naming_a_field_twice_is_refused_400_by_name() -> None:
+    """``{"max_in_flight": 5, "max_in_flight": 500}`` is ambiguous (JSON parsers disagree
+    on which one wins): refused 400, naming the field, and the limit stays."""
+    async with (
+        started(global_max_in_flight=4, admin_token=TOKEN) as gateway,
+        admin(gateway) as client,
+    ):
+        body = b'{"max_in_flight": 5, "max_in_flight": 500}'
+        answer = await client.put(CAPACITY, headers=BEARER, content=body)
+        assert answer.status_code == 400
+        error = answer.json()["error"]
+        assert (error["type"], error["code"], error["param"]) == (
+            "invalid_request_error",
+            "invalid_body",
+            "max_in_flight",
+        )
+        assert "'max_in_flight'" in error["message"] and "twice" in error["message"]
+        assert gateway.capacity.current() == 4
+
+
+async def test_two_authorization_headers_are_refused_400_whatever_they_hold() -> None:
+    """A request carrying two ``Authorization`` headers is not judged by one of them: it
+    is refused 400 naming the header, reads and changes alike, and the limit stays."""
+    async with (
+        started(global_max_in_flight=4, admin_token=TOKEN) as gateway,
+        admin(gateway) as client,
+    ):
+        twice = [("Authorization", f"Bearer {TOKEN}"), ("Authorization", "Bearer wrong-one")]
+        answers = [
+            await client.get(CAPACITY, headers=twice),
+            await client.get(STATUS, headers=twice[::-1]),
+            await client.put(CAPACITY, headers=twice, json={"max_in_flight": 9}),
+        ]
+        for answer in answers:
+            assert answer.status_code == 400
+            error = answer.json()["error"]
+            assert (error["type"], error["param"]) == ("invalid_request_error", "authorization")
+            assert "Authorization" in error["message"]
         assert gateway.capacity.current() == 4
 
 

@@ -291,6 +291,27 @@ def test_a_response_the_app_begins_and_never_finishes_is_an_error() -> None:
     run(scenario)
 
 
+def test_an_app_that_answers_nothing_to_a_client_still_there_is_an_error() -> None:
+    """An app that returns without a response while the client waits (the server then
+    answers 500 itself) failed the request: a watched request (a JSON body the gateway
+    read) counts ``error``, not ``completed``, and its seat comes back."""
+
+    async def silent(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await receive()
+
+    async def scenario() -> None:
+        gw = GatewayMiddleware(silent, Settings(), plugins=[ModelClassifier()])
+        async with serve_in_task(gw) as server, httpx.AsyncClient(trust_env=False) as http:
+            answer = await http.post(f"{server.url}/v1/completions", json={"model": "m"})
+        assert answer.status_code == 500
+        assert gw.gateway.snapshot().inflight == 0
+        outcomes = {outcome for (_, _, outcome, _) in gw.gateway.tallies.totals()}
+        assert outcomes == {"error"}
+
+    run(scenario)
+
+
 def test_a_client_leaving_a_stream_unwatched_is_counted_cancelled() -> None:
     """Without a plugin that observes requests, nor a body the gateway read, the flight
     does not watch ``receive()``: a streaming response stopped by the client leaving is

@@ -168,7 +168,7 @@ class Run:
 
 async def _one(client: httpx.AsyncClient, url: str, prompt: str, run: Run | None) -> None:
     body = {
-        "model": "m",
+        "model": "obleth-sim",  # the model `obleth mock-backend` serves by default
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": OUTPUT_TOKENS,
         "stream": True,

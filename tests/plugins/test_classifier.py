@@ -231,6 +231,8 @@ def test_a_header_only_path_that_raises_is_named_and_the_request_goes_on(
             self.teams = {b"red": "red"}
 
         def ticket(self, headers: Headers) -> Ticket:
+            if dict(headers)[b"x-team"] == b"quit":
+                raise SystemExit(3)  # a stray sys.exit() is the plugin's fault too
             return make_ticket(self.teams[dict(headers)[b"x-team"]], "critical")
 
     class Team:
@@ -242,17 +244,19 @@ def test_a_header_only_path_that_raises_is_named_and_the_request_goes_on(
     settings = Settings(disable_plugins=("classifier",), default_tenant="nobody")
     app = GatewayMiddleware(echo_tenant, settings, plugins=[Team()])
 
-    async def two_requests() -> list[httpx.Response]:
+    async def three_requests() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-            answers = [await client.get("/", headers={"x-team": t}) for t in ("red", "blue")]
+            teams = ("red", "blue", "quit")
+            answers = [await client.get("/", headers={"x-team": t}) for t in teams]
         await app.gateway.stop()
         return answers
 
     with caplog.at_level("ERROR", logger="obleth"):
-        known, missing = asyncio.run(two_requests())
+        known, missing, exiting = asyncio.run(three_requests())
     assert (known.status_code, known.text) == (200, "red")
     assert (missing.status_code, missing.text) == (200, "nobody")
+    assert (exiting.status_code, exiting.text) == (200, "nobody")
     [record] = [r for r in caplog.records if "header_tickets" in r.getMessage()]
     assert "plugin 'Team-0'" in record.getMessage() and record.exc_info is not None
 

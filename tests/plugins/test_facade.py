@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import httpx
 import pytest
 
 from gateway import (
@@ -17,6 +19,7 @@ from gateway import (
     Classification,
     ConfigError,
     Gateway,
+    GatewayMiddleware,
     PluginError,
     Priority,
     RequestInfo,
@@ -25,8 +28,9 @@ from gateway import (
     hookimpl,
     hookspecs,
 )
+from gateway.loopback import serve_in_task
 from gateway.plugins import Plugins
-from gateway.types import Scope
+from gateway.types import Receive, Scope, Send
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 BUILTINS = {
@@ -541,11 +545,14 @@ def test_provider_failing_to_be_wired_in_names_its_plugin(method: str) -> None:
     assert f"{method}() raised RuntimeError('not today')" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "error", [RuntimeError("lost the config server"), SystemExit(1)], ids=["raises", "exits"]
+)
 def test_provider_failing_at_runtime_is_logged_with_its_plugin(
-    caplog: pytest.LogCaptureFixture,
+    error: BaseException, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A provider that raises after startup keeps its last value; the log names the
-    provider and the plugin it came from."""
+    """A provider that raises after startup (``SystemExit`` included) keeps its last
+    value; the log names the provider and the plugin it came from."""
 
     class Flaky(Refusing):
         calls = 0
@@ -553,7 +560,7 @@ def test_provider_failing_at_runtime_is_logged_with_its_plugin(
         def max_in_flight(self) -> int:
             Flaky.calls += 1
             if Flaky.calls > 1:
-                raise RuntimeError("lost the config server")
+                raise error
             return 3
 
     gateway = Gateway(
@@ -625,6 +632,83 @@ def test_classifier_that_raises_falls_through_to_the_builtin(
     assert record.exc_info is not None
 
 
+class PluginExit(BaseException):
+    """A ``BaseException`` of a library's own making (as gevent's ``GreenletExit`` is)."""
+
+
+@pytest.mark.parametrize("error", [SystemExit(2), PluginExit("stop")], ids=["exit", "own"])
+def test_classifier_raising_a_base_exception_falls_through_to_the_builtin(
+    error: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A classifier that calls ``sys.exit()`` or raises a ``BaseException`` of its own is
+    a faulty plugin like one raising ``Exception``: named in the log, and the next
+    classifier (here the built-in) classifies the request."""
+
+    @hookimpl
+    def obleth_classify_request() -> Classification:
+        raise error
+
+    answer, record = classified_past("exiting", obleth_classify_request, caplog)
+
+    assert answer == Classification(tenant="acme", priority="standard")
+    assert "'exiting'" in record.getMessage()
+    assert "obleth_classify_request" in record.getMessage()
+    assert record.exc_info is not None and record.exc_info[1] is error
+
+
+@pytest.mark.parametrize("error", [asyncio.CancelledError, KeyboardInterrupt, GeneratorExit])
+def test_cancellation_and_interrupts_from_a_classifier_are_not_swallowed(
+    error: type[BaseException],
+) -> None:
+    """``CancelledError``, ``KeyboardInterrupt`` and ``GeneratorExit`` stop the work around
+    the plugin, not just the plugin: they pass through the facade as they came."""
+
+    @hookimpl
+    def obleth_classify_request() -> Classification:
+        raise error()
+
+    plugins = facade(plugin("stopping", obleth_classify_request=obleth_classify_request))
+
+    with pytest.raises(error):
+        plugins.classify(SCOPE, None)
+
+
+def test_a_request_whose_classifier_calls_sys_exit_is_answered_by_the_app(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Over HTTP: a classifier calling ``sys.exit()`` on every request used to end each
+    one in a bare 500; now the built-in classifies it, the app answers it, and the log
+    names the plugin once however many requests come."""
+
+    @hookimpl
+    def obleth_classify_request() -> Classification:
+        sys.exit("classifier gave up")
+
+    async def tenant_app(scope: Scope, receive: Receive, send: Send) -> None:
+        tenant = scope["state"]["obleth"]["tenant"]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": tenant.encode()})
+
+    async def scenario() -> list[tuple[int, str]]:
+        app = GatewayMiddleware(
+            tenant_app,
+            Settings(tenant_header="x-tenant"),
+            plugins=[plugin("exiting", obleth_classify_request=obleth_classify_request)],
+        )
+        async with serve_in_task(app) as server, httpx.AsyncClient(trust_env=False) as http:
+            answers = [
+                await http.post(f"{server.url}/v1/completions", headers={"x-tenant": "acme"})
+                for _ in range(3)
+            ]
+        return [(answer.status_code, answer.text) for answer in answers]
+
+    with caplog.at_level(logging.ERROR, logger="obleth.plugins"):
+        assert asyncio.run(scenario()) == [(200, "acme")] * 3
+
+    [record] = [r for r in caplog.records if r.name == "obleth.plugins"]
+    assert "'exiting'" in record.getMessage()
+
+
 @pytest.mark.parametrize(
     ("answer", "complaint"),
     [
@@ -657,14 +741,16 @@ def test_classifier_answer_it_cannot_use_is_logged_and_skipped(
 
 
 class Faulty:
-    """An overflow policy whose ``decide`` raises, or answers ``answer`` if one is given."""
+    """An overflow policy whose ``decide`` raises ``error``, or answers ``answer`` if one
+    is given."""
 
-    def __init__(self, answer: object = None) -> None:
+    def __init__(self, answer: object = None, error: BaseException | None = None) -> None:
         self.answer = answer
+        self.error = error or RuntimeError("policy bug")
 
     def decide(self, view: object, ticket: object) -> object:
         if self.answer is None:
-            raise RuntimeError("policy bug")
+            raise self.error
         return self.answer
 
 
@@ -681,11 +767,12 @@ class Tampering:
     ("policy", "complaint"),
     [
         (Faulty(), "raised"),
+        (Faulty(error=SystemExit(1)), "raised"),
         (Faulty("maybe"), "answered 'maybe', not one of evict, queue, reject, wait"),
         (Faulty(["queue"]), "answered ['queue'], not one of evict, queue, reject, wait"),
         (Tampering(), "raised"),
     ],
-    ids=["raises", "unknown-action", "unhashable-answer", "changes-the-view"],
+    ids=["raises", "exits", "unknown-action", "unhashable-answer", "changes-the-view"],
 )
 def test_faulty_overflow_policy_is_named_and_the_request_waits_as_under_block(
     policy: Faulty, complaint: str, caplog: pytest.LogCaptureFixture
@@ -739,10 +826,14 @@ def test_classifier_bad_request_reaches_the_client() -> None:
         plugins.classify(SCOPE, None)
 
 
+@pytest.mark.parametrize(
+    "error", [RuntimeError("metrics sink is down"), SystemExit(1)], ids=["raises", "exits"]
+)
 def test_observer_that_raises_is_logged_and_the_others_are_still_told(
-    caplog: pytest.LogCaptureFixture,
+    error: BaseException, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An observer that raises is logged by name and skipped; the next observer still runs."""
+    """An observer that raises (``SystemExit`` included) is logged by name and skipped;
+    the next observer still runs."""
     seen: list[tuple[str, float]] = []
 
     @hookimpl
@@ -751,7 +842,7 @@ def test_observer_that_raises_is_logged_and_the_others_are_still_told(
 
     @hookimpl(tryfirst=True)
     def explode(request: RequestInfo) -> None:
-        raise RuntimeError("metrics sink is down")
+        raise error
 
     plugins = facade(
         plugin("recorder", obleth_request_admitted=record),

@@ -90,6 +90,18 @@ async def simulators(count: int, config: SimConfig = FAST) -> AsyncIterator[list
         yield sims
 
 
+@contextlib.asynccontextmanager
+async def serving(*models: str) -> AsyncIterator[list[Sim]]:
+    """One simulator per model in ``models``, serving that model: like vLLM, each answers
+    a request for any other model 404."""
+    async with contextlib.AsyncExitStack() as stack:
+        sims = []
+        for model in models:
+            config = dataclasses.replace(FAST, model=model)
+            sims += await stack.enter_async_context(simulators(1, config))
+        yield sims
+
+
 # -- the gateway ------------------------------------------------------------------------------
 
 
@@ -409,7 +421,7 @@ async def test_requests_for_a_model_reach_only_the_upstreams_serving_it(
     http: httpx.AsyncClient,
 ) -> None:
     """With ``URL=model-a`` and ``URL=model-b``, each model's requests go to its upstream."""
-    async with simulators(2) as sims:
+    async with serving("model-a", "model-b") as sims:
         a, b = sims
         upstreams = [f"{a.url}=model-a", f"{b.url}=model-b"]
         async with routed_gateway(sims, upstreams=upstreams, upstream_header=True) as gateway:
@@ -426,14 +438,10 @@ async def test_without_model_lists_requests_follow_the_models_the_upstreams_metr
     """Upstreams configured by URL alone, each serving its own model: the ``model_name``
     label of their metrics says which serves what, and each model's requests go there; a
     model no metrics name (a LoRA adapter, say) may go to either, for the upstream to
-    answer."""
-    async with contextlib.AsyncExitStack() as stack:
-        sims = [
-            await stack.enter_async_context(simulators(1, dataclasses.replace(FAST, model=m)))
-            for m in ("model-a", "model-b")
-        ]
-        a, b = (group[0] for group in sims)
-        async with routed_gateway([a, b], upstream_header=True) as gateway:
+    answer (these simulators serve no adapter: each answers 404, as vLLM would)."""
+    async with serving("model-a", "model-b") as sims:
+        a, b = sims
+        async with routed_gateway(sims, upstream_header=True) as gateway:
             readings = gateway.gateway.readings
             await eventually(
                 lambda: all(readings.get(s.url).models for s in (a, b)),
@@ -442,12 +450,14 @@ async def test_without_model_lists_requests_follow_the_models_the_upstreams_metr
 
             asks = (answered(http, gateway, m) for m in ["model-a", "model-b"] * 6)
             answers = await asyncio.gather(*asks)
+            adapter = {**SHORT, "model": "sql-adapter"}
             adapters = await asyncio.gather(
-                *(answered(http, gateway, "sql-adapter") for _ in range(12))
+                *(http.post(f"{gateway.url}/v1/completions", json=adapter) for _ in range(12))
             )
 
     assert Counter(answers) == {("model-a", a.url): 6, ("model-b", b.url): 6}
-    assert {upstream for _, upstream in adapters} == {a.url, b.url}
+    assert {response.status_code for response in adapters} == {404}
+    assert {response.headers[UPSTREAM_HEADER] for response in adapters} == {a.url, b.url}
 
 
 async def test_a_model_no_upstream_serves_gets_404_model_not_found_and_frees_its_seat(
@@ -455,7 +465,7 @@ async def test_a_model_no_upstream_serves_gets_404_model_not_found_and_frees_its
 ) -> None:
     """An unserved model is answered 404 with an OpenAI-style error naming the served
     models; no upstream sees it, and its admission seat is given back."""
-    async with simulators(2) as sims:
+    async with serving("model-a", "model-b") as sims:
         a, b = sims
         upstreams = [f"{a.url}=model-a", f"{b.url}=model-b"]
         async with routed_gateway(sims, upstreams=upstreams, upstream_header=True) as gateway:
@@ -489,7 +499,8 @@ async def test_a_model_name_that_is_no_valid_utf8_is_routed_like_any_other(
     http: httpx.AsyncClient,
 ) -> None:
     """JSON may carry a lone surrogate (``\\ud800``) in the model name; the router hashes
-    it like any other name, and the request takes and gives back its seat as usual."""
+    it like any other name, the upstream answers it (404: it serves no such model), and
+    the request takes and gives back its seat as usual."""
     body = b'{"model": "m\\ud800", "prompt": "Say something short.", "max_tokens": 2}'
     async with simulators(1) as sims, routed_gateway(sims) as gateway:
         response = await http.post(
@@ -499,8 +510,9 @@ async def test_a_model_name_that_is_no_valid_utf8_is_routed_like_any_other(
         )
         await settled(gateway)
 
-    assert response.status_code == 200, response.text
-    assert sims[0].stats().completed == 1
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["type"] == "NotFoundError"  # the upstream's answer
+    assert (sims[0].stats().requests, sims[0].stats().failed) == (1, 1)
 
 
 async def test_a_body_nested_too_deep_to_parse_is_left_for_the_upstream_to_refuse(

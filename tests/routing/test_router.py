@@ -558,6 +558,8 @@ class BrokenScorer:
     def score(self, request: object, upstreams: list[str]) -> Mapping[str, float]:
         if self.where == "score":
             raise RuntimeError("score exploded")
+        if self.where == "score-exits":
+            raise SystemExit("score exploded")
         if self.where == "appends":
             upstreams.append("http://elsewhere:1")
             return {"http://elsewhere:1": 1.0}
@@ -569,6 +571,8 @@ class BrokenScorer:
     def dispatched(self, request: object, upstream: str) -> None:
         if self.where == "dispatched":
             raise RuntimeError("dispatched exploded")
+        if self.where == "dispatched-exits":
+            raise SystemExit("dispatched exploded")
 
 
 class BrokenScorerPlugin:
@@ -583,12 +587,13 @@ class BrokenScorerPlugin:
         return {"broken": lambda settings: BrokenScorer(self.where)}
 
 
-@pytest.mark.parametrize("where", ["score", "dispatched"])
+@pytest.mark.parametrize("where", ["score", "dispatched", "score-exits", "dispatched-exits"])
 def test_a_raising_scorer_plugin_is_named_in_the_log_and_the_request_still_routed(
     where: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A third-party scorer that raises does not fail the request: it is routed without
-    that scorer, counted in flight, and the log names the plugin."""
+    """A third-party scorer that raises (``SystemExit`` included) does not fail the
+    request: it is routed without that scorer, counted in flight, and the log names the
+    plugin."""
     gw = gateway(routing_scorers="broken:1,queue-depth:1", plugins=[BrokenScorerPlugin(where)])
     all_scraped(gw)
     with caplog.at_level(logging.ERROR):
@@ -596,7 +601,7 @@ def test_a_raising_scorer_plugin_is_named_in_the_log_and_the_request_still_route
     assert decision.upstream in URLS
     assert in_flight(gw)[decision.upstream] == 1
     assert "broken" in decision.scores
-    if where == "score":
+    if where.startswith("score"):
         assert decision.scores["broken"] == {}
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert any("broken-scorer-plugin" in message for message in errors), errors
@@ -620,3 +625,87 @@ def test_a_scorer_plugin_that_changes_its_list_of_upstreams_changes_nothing_else
     assert in_flight(gw)[decision.upstream] == 1
     assert decision.scores["broken"] == {}  # nothing it named is a candidate
     assert set(decision.scores["queue-depth"]) == set(URLS)  # the next scorer saw them all
+
+
+class WrongScorer:
+    """A scorer that gives the first upstream 1.0 and answers ``rest`` for the others, or
+    answers ``whole`` instead of a mapping when one is given."""
+
+    def __init__(self, rest: object, whole: object = None) -> None:
+        self.rest = rest
+        self.whole = whole
+
+    def score(self, request: object, upstreams: list[str]) -> object:
+        if self.whole is not None:
+            return self.whole(upstreams) if callable(self.whole) else self.whole
+        return {u: 1.0 if u == A else self.rest for u in upstreams}
+
+
+class WrongScorerPlugin:
+    """An application plugin offering ``WrongScorer`` as ``wrong``."""
+
+    __name__ = "wrong-scorer-plugin"
+
+    def __init__(self, scorer: WrongScorer) -> None:
+        self.scorer = scorer
+
+    @hookimpl
+    def obleth_routing_scorers(self) -> Mapping[str, Any]:
+        return {"wrong": lambda settings: self.scorer}
+
+
+@pytest.mark.parametrize(
+    ("scorer", "complaint"),
+    [
+        (WrongScorer("0.5"), "scored 'http://vllm-b:8000' '0.5', not a finite number"),
+        (WrongScorer(None), "scored 'http://vllm-b:8000' None, not a finite number"),
+        (WrongScorer(math.nan), "scored 'http://vllm-b:8000' nan, not a finite number"),
+        (WrongScorer(math.inf), "scored 'http://vllm-b:8000' inf, not a finite number"),
+        (WrongScorer([0.5]), "scored 'http://vllm-b:8000' [0.5], not a finite number"),
+        (WrongScorer(0.0, whole=list), "returned ['http://vllm-a:8000', "),
+        (WrongScorer(0.0, whole=lambda us: [(u, 0.5) for u in us]), "not a mapping"),
+        (WrongScorer(0.0, whole="http://vllm-a:8000"), "returned 'http://vllm-a:8000', not a"),
+        (WrongScorer(0.0, whole=0.7), "returned 0.7, not a mapping of upstream to score"),
+    ],
+    ids=["strings", "none", "nan", "infinity", "list-score", "list", "pairs", "str", "float"],
+)
+def test_a_scorer_plugin_answering_the_wrong_type_is_named_and_left_out(
+    scorer: WrongScorer, complaint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A scorer whose answer is no mapping of upstream to a finite number is a faulty
+    plugin: its whole answer is left out of the request (not counted as 0 where wrong and
+    as given elsewhere), the other scorers choose, and the log names the plugin and what
+    was wrong, once for a run of such requests."""
+    gw = gateway(routing_scorers="wrong:5,queue-depth:1", plugins=[WrongScorerPlugin(scorer)])
+    all_scraped(gw)
+    scraped(gw, A, waiting=8.0)  # queue-depth would send nothing to A
+    with caplog.at_level(logging.ERROR, logger="obleth"):
+        decisions = [route(gw, LONG_PROMPT) for _ in range(3)]
+    for decision in decisions:
+        assert decision.scores["wrong"] == {}
+        assert decision.upstream != A  # what the scorer said of A counts for nothing
+        assert decision.scores["total"][decision.upstream] == max(decision.scores["total"].values())
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors  # rate-limited: one line for the three requests
+    assert "'wrong-scorer-plugin'" in errors[0]
+    assert "scorer 'wrong'" in errors[0]
+    assert complaint in errors[0]
+
+
+def test_a_scorer_plugin_answering_numbers_out_of_range_is_clamped_not_faulted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Finite numbers outside [0, 1] (ints, floats, bools) are a scorer's answer, clamped
+    into [0, 1] as documented; nothing is logged."""
+    answers = {A: 7, B: -3.5, C: True, D: 0.25}
+
+    class Clamped(WrongScorer):
+        def score(self, request: object, upstreams: list[str]) -> object:
+            return answers
+
+    gw = gateway(routing_scorers="wrong:1,queue-depth:1", plugins=[WrongScorerPlugin(Clamped(0.0))])
+    all_scraped(gw)
+    with caplog.at_level(logging.ERROR, logger="obleth"):
+        decision = route(gw, LONG_PROMPT)
+    assert decision.scores["wrong"] == {A: 1.0, B: 0.0, C: 1.0, D: 0.25}
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -124,7 +124,7 @@ async def test_repeated_prompt_reports_cached_tokens(client: httpx.AsyncClient) 
 async def test_chat_completion_returns_an_assistant_message(client: httpx.AsyncClient) -> None:
     """Chat answers with an assistant message; max_completion_tokens wins over max_tokens."""
     request = {
-        "model": "anything",
+        "model": CONFIG.model,
         "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
         "max_tokens": 5,
         "max_completion_tokens": 2,
@@ -347,6 +347,53 @@ async def test_unknown_paths_and_methods_get_an_openai_style_error(
     assert error["type"] == "invalid_request_error" and said in error["message"]
     if status == 405:
         assert response.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "hello"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}]}),
+    ],
+    ids=["completions", "chat"],
+)
+async def test_a_model_the_simulator_does_not_serve_gets_vllms_404(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], stream: bool
+) -> None:
+    """A request naming a model the simulator does not serve is answered as vLLM answers
+    it: 404 with a ``NotFoundError`` body whose message names the served model; the
+    engine never sees it. A client mistyping the model finds out at once, not after
+    a run of answers from a model it never asked for."""
+    request = {**body, "model": "gpt-4o", "max_tokens": 2, "stream": stream}
+    response = await client.post(path, json=request)
+    assert response.status_code == 404
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert error == {
+        "message": f"The model `gpt-4o` does not exist; this backend serves: {CONFIG.model}.",
+        "type": "NotFoundError",
+        "param": "model",
+        "code": 404,
+    }
+    current = await stats(client)
+    assert (current["failed"], current["completed"], current["concurrency"]) == (1, 0, 0)
+    # nothing reached the engine
+    assert (current["prefix_cache_query_tokens"], current["requests_finished"]) == (0, 0)
+
+
+@pytest.mark.parametrize("model", [CONFIG.model, "", None], ids=["served", "empty", "absent"])
+async def test_a_request_naming_the_served_model_or_none_is_answered(
+    client: httpx.AsyncClient, model: str | None
+) -> None:
+    """The served name, an empty name or no ``model`` at all get the served model (vLLM
+    treats a missing or empty name as its own), named in the answer."""
+    request: dict[str, Any] = {"prompt": "hello", "max_tokens": 2}
+    if model is not None:
+        request["model"] = model
+    response = await client.post("/v1/completions", json=request)
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == CONFIG.model
 
 
 async def test_x_sim_fail_answers_the_requested_status_without_generating(

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 from gateway.backends.redis.wire import ComputedValue, PoolLimits
 from gateway.capacity import ProviderFailed, ceiling_of, is_computed
+from gateway.faults import PASSED_ON
 from gateway.protocols import CapacityProvider
 
 log = logging.getLogger("obleth.cluster")
@@ -182,7 +183,9 @@ class AnnouncedPoolValue(PoolValue):
     def _answer(self) -> int | None:
         try:
             return self.max_in_flight()
-        except Exception:
+        except PASSED_ON:
+            raise
+        except BaseException:
             return None  # the provider's own failed: Capacity reads it, logs, keeps the last
 
 
@@ -191,7 +194,9 @@ def _good_answer(provider: CapacityProvider) -> int | None:
     included (``Capacity`` logs it, by name, when it reads the provider)."""
     try:
         value = provider.max_in_flight()
-    except Exception:
+    except PASSED_ON:
+        raise
+    except BaseException:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None

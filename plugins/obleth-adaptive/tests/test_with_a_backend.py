@@ -54,7 +54,7 @@ def test_first_tokens_delayed_at_the_backend_cut_the_gateways_limit(
         proxy = ProxyApp()
         app = GatewayMiddleware(proxy, gateway=gateway)
         prompt = "word " * 100  # 125 tokens: about 60 ms of prefill
-        body = {"model": "m", "prompt": prompt, "max_tokens": 16, "stream": True}
+        body = {"model": "obleth-sim", "prompt": prompt, "max_tokens": 16, "stream": True}
         transport = httpx.ASGITransport(app=app)
         try:
             async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:

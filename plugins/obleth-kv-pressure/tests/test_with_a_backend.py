@@ -45,7 +45,7 @@ def test_preemptions_at_the_backend_cut_the_gateways_limit(backend: str) -> None
                     *(
                         http.post(
                             "/v1/completions",
-                            json={"model": "m", "prompt": prompt, "max_tokens": 400},
+                            json={"model": "obleth-sim", "prompt": prompt, "max_tokens": 400},
                         )
                         for _ in range(32)
                     )
