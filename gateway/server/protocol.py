@@ -1,5 +1,6 @@
 """``BoundedHttpToolsProtocol``: uvicorn's httptools protocol with two bounds on a request's
-head (request line and headers): its size and the time it takes to arrive."""
+head (request line and headers), its size and the time it takes to arrive, and JSON errors
+for a head that breaks them or that is no HTTP at all."""
 
 from __future__ import annotations
 
@@ -135,6 +136,23 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def handle_websocket_upgrade(self) -> None:
         if not self._refused:
             super().handle_websocket_upgrade()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes the parser cannot read as HTTP/1.1 (a bad request
+        line, a header with a space in its name, broken chunked framing): between
+        requests, the gateway's own JSON error instead of uvicorn's plain text. While a
+        request is being answered (its body is what broke) uvicorn's answer stands: it
+        closes the connection, which tells the app the client is gone."""
+        cycle = self.cycle
+        if self._refused or (cycle is not None and not cycle.response_complete):
+            super().send_400_response(msg)
+            return
+        self._refuse(
+            400,
+            "invalid_http",
+            f"{msg.rstrip('.')}: the bytes are not an HTTP/1.1 request line and headers "
+            "(look for spaces in header names, bare LF line ends or a missing version)",
+        )
 
     # -- the bounds ------------------------------------------------------------------------
 

@@ -167,6 +167,29 @@ def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(
     assert answer.raw == b""
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GARBAGE /v1/models\r\n\r\n",  # no HTTP version
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",  # space in a name
+    ],
+    ids=["request-line", "header-name"],
+)
+def test_bytes_that_are_no_http_request_get_a_json_400_and_a_closed_connection(
+    pod: ServePod, echo: tuple[str, Echo], head: bytes
+) -> None:
+    """A head the parser cannot read is answered 400 with the gateway's OpenAI-style JSON
+    error, as its other refusals are (not the server's plain text), the connection is
+    closed, and nothing reaches the upstream."""
+    before = len(echo[1].received)
+    answer = send_and_read(pod.url, head)
+    assert answer.status == 400, answer.raw[:300]
+    assert answer.closed
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.error_code() == "invalid_http"
+    assert len(echo[1].received) == before
+
+
 def test_a_bound_below_one_kibibyte_is_a_config_error_naming_the_setting() -> None:
     """max_header_bytes must leave room for a request line and ordinary headers; the
     error names the variable as the user wrote it."""
