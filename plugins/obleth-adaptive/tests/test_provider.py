@@ -289,6 +289,7 @@ def test_grow_within_sets_a_hold_band_only_when_given(
         ({"OBLETH_ADAPTIVE_GROW_WITHIN": "0.5"}, "GROW_WITHIN", "at least 1"),
         ({"OBLETH_ADAPTIVE_USE": "1.5"}, "USE", "at most 1"),
         ({"OBLETH_ADAPTIVE_PROBE_TIMEOUT_S": "0"}, "PROBE_TIMEOUT_S", "above 0"),
+        ({"OBLETH_ADAPTIVE_PROBE_TIMEOUT_S": "1e20"}, "PROBE_TIMEOUT_S", "at most 86400"),
         ({"OBLETH_ADAPTIVE_PROBE_EVERY": "-1"}, "PROBE_EVERY", "at least 0"),
     ],
 )

@@ -42,7 +42,10 @@ def knobs_from(environ: Mapping[str, str]) -> Knobs:
         probe_every=env.whole("PROBE_EVERY", defaults.probe_every, least=0),
         probe_limit=env.whole("PROBE_LIMIT", defaults.probe_limit, least=1),
         probe_samples=env.whole("PROBE_SAMPLES", defaults.probe_samples, least=1),
-        probe_timeout_s=env.number("PROBE_TIMEOUT_S", defaults.probe_timeout_s, above=0.0),
+        # at most a day, as the gateway's own seconds settings: 1e20 is a typo, not a wish
+        probe_timeout_s=env.number(
+            "PROBE_TIMEOUT_S", defaults.probe_timeout_s, above=0.0, most=86_400.0
+        ),
     )
     env.done()
     return knobs
