@@ -12,7 +12,7 @@ and call it as a client of an inference service would:
 
 The "model" writes one word every 50 ms (7 words, or ``max_tokens``), slowly enough to
 watch the gate: with the limit at 2, a third request at the same time waits for a seat (with
-``OBLETH_OVERFLOW_POLICY=drop-newest`` it is answered 503 at once). A streamed answer
+``OBLETH_OVERFLOW_POLICY=reject`` it is answered 503 at once). A streamed answer
 holds its seat until its last chunk. The endpoint reads what the gateway decided from
 ``request.state.obleth`` and returns it in ``x-obleth-tenant`` and ``x-obleth-waited-ms``
 headers. ``/healthz`` is one of the gateway's exempt paths: it answers during overload.
