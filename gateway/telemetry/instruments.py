@@ -8,14 +8,15 @@ requests the scheduler decided on (see ``obleth.queue.wait`` below).
 
 One set of instruments per meter provider, whatever the number of gateways in the process:
 each callback reports every live gateway it watches, told apart by the ``pool``
-attribute. Names as Prometheus shows them are in docs/operations.md.
+attribute (and, for the cluster gauges, ``pod``). Names as Prometheus shows them are in
+docs/operations.md.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
@@ -131,6 +132,35 @@ def _upstream_requests(gateway: Gateway) -> Iterator[Observation]:
         yield Observation(count, {"pool": pool, "upstream": upstream, "status": status})
 
 
+def _pod(gateway: Gateway) -> Any | None:
+    """The Redis backend of a gateway in cluster mode (its ``pod``, ``mode``,
+    ``local_share``, ``reasserted``); None in process."""
+    if gateway.settings.redis_url is None:
+        return None
+    return gateway.backend
+
+
+def _cluster_degraded(gateway: Gateway) -> Iterator[Observation]:
+    backend = _pod(gateway)
+    if backend is None:
+        return
+    mode = backend.mode
+    attributes = {"pool": gateway.settings.pool, "pod": backend.pod, "mode": mode}
+    yield Observation(0 if mode == "redis" else 1, attributes)
+
+
+def _cluster_local_share(gateway: Gateway) -> Iterator[Observation]:
+    backend = _pod(gateway)
+    if backend is not None:
+        yield Observation(backend.local_share, {"pool": gateway.settings.pool, "pod": backend.pod})
+
+
+def _cluster_reasserted(gateway: Gateway) -> Iterator[Observation]:
+    backend = _pod(gateway)
+    if backend is not None:
+        yield Observation(backend.reasserted, {"pool": gateway.settings.pool, "pod": backend.pod})
+
+
 def _routing_decisions(gateway: Gateway) -> Iterator[Observation]:
     router = gateway.router
     if router is None:
@@ -199,5 +229,29 @@ _OBSERVED: tuple[tuple[str, str, Callable[[Gateway], Iterator[Observation]], str
         _routing_decisions,
         "{request}",
         "upstreams chosen by the router, by kind (routed; rerouted after a failure)",
+    ),
+    # cluster mode only: the pod's link to the shared budget (docs/cluster.md). They used
+    # to be registered by each Redis backend with the global provider: a second gateway's
+    # were dropped as duplicates, and a gateway gone kept reporting its pod
+    (
+        "gauge",
+        "obleth.cluster.degraded",
+        _cluster_degraded,
+        "",
+        "1 while Redis is unreachable and the failure mode decides admission",
+    ),
+    (
+        "gauge",
+        "obleth.cluster.local_share",
+        _cluster_local_share,
+        "{request}",
+        "seats this pod admits on its own in local failure mode",
+    ),
+    (
+        "counter",
+        "obleth.cluster.leases_reasserted",
+        _cluster_reasserted,
+        "{lease}",
+        "leases this pod wrote back after Redis lost them or let them expire",
     ),
 )

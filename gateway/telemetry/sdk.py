@@ -67,8 +67,7 @@ class PrometheusExport:
 
 def install_prometheus_export() -> PrometheusExport:
     """A ``PrometheusExport`` made the process's global meter provider, so that every
-    instrument created through the API (the cluster gauges of the Redis backend among
-    them) reports to it and appears on ``/metrics``.
+    instrument created through the API reports to it and appears on ``/metrics``.
 
     A host's own setup is respected: when the global provider already is an SDK one (the
     process runs under ``opentelemetry-instrument``, say), it stays, the API's

@@ -25,8 +25,8 @@ from gateway.admin.health import readiness
 from gateway.backends.redis import RedisBackend
 from gateway.backends.redis.connect import connect
 from gateway.backends.redis.keys import PoolKeys
-from gateway.backends.redis.telemetry import observe
 from gateway.core.tickets import Ticket
+from gateway.telemetry.instruments import watch
 from tests.backends.redis_pods import TTL, Pods, backend, eventually
 from tests.cluster.faults import start_replica
 from tests.redis_procs import RedisClusterProcs, RedisServer, TcpProxy
@@ -446,7 +446,7 @@ async def test_local_failure_mode_is_announced_in_a_metric(
     pods = own_pods
     gateways = [await pods.start(global_max_in_flight=4) for _ in range(2)]
     pod = gateways[0]
-    observe(backend(pod), provider)
+    watch(pod, provider)
     assert await eventually(lambda: _live_pods(pod, 2), TTL)
     assert _gauges(reader) == {"obleth.cluster.degraded": 0, "obleth.cluster.local_share": 0}
     own_redis.pause()

@@ -112,7 +112,7 @@ async def in_process_page() -> str:
 
 def cluster_page(redis: RedisServer) -> str:
     """``/metrics`` of ``obleth serve --redis-url`` after one request: the cluster gauges,
-    which the Redis backend registers with the process's meter provider, are on it."""
+    which the gateway's instruments report for its Redis backend, are on it."""
     pool = f"t-{secrets.token_hex(6)}"
     args = ["--redis-url", redis.url, "--pool", pool]
     with (

@@ -43,8 +43,7 @@ def test_obleth_serve_answers_metrics_with_the_gateways_gauges(echo_url: str) ->
 def test_in_cluster_mode_metrics_show_the_link_to_redis_too(
     echo_url: str, redis_url: str, pool_name: str
 ) -> None:
-    """The cluster gauges the Redis backend registers through the OpenTelemetry API reach
-    the same page: obleth serve's SDK is the process's meter provider."""
+    """The cluster gauges of the gateway's Redis backend reach the same page."""
     args = ["--redis-url", redis_url, "--pool", pool_name]
     with ServePod([echo_url], args=args, name="metrics-cluster") as pod:
         text = scrape(pod).text

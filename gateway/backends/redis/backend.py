@@ -37,7 +37,6 @@ from gateway.backends.redis.leases import Leases
 from gateway.backends.redis.pod import PodState, PoolView, fail
 from gateway.backends.redis.pool_capacity import PoolCapacity
 from gateway.backends.redis.script import StepScript
-from gateway.backends.redis.telemetry import observe
 from gateway.backends.redis.wire import Batch
 from gateway.core.admission import OverflowAction
 from gateway.core.tickets import NO_WAIT_RANK, Ticket
@@ -95,7 +94,6 @@ class RedisBackend:
         self._view = PoolView(state)
         #: the leader lease (with computed providers) and what this pod says of capacity
         self._leadership = Leadership(self._client, state, settings, self._caller.kick)
-        observe(self)
 
     # -- lifecycle ------------------------------------------------------------------------
 
