@@ -1,10 +1,12 @@
 """Lifespan, wrapped and not consumed: the gateway starts before the app's own startup
-runs and stops after the app's own shutdown completes."""
+runs and stops after the app's own shutdown completes; ``AfterShutdown`` calls something
+once the app's shutdown is complete."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from gateway.gateway import Gateway
 from gateway.types import ASGIApp, Message, Receive, Scope, Send
@@ -101,3 +103,25 @@ async def _fail_startup(send: Send, error: Exception) -> None:
 def _retrieve(task: asyncio.Task[object]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+class AfterShutdown:
+    """``app``, with ``then()`` called once its lifespan shutdown is complete: the last
+    request has been answered (or cut off) by then. ``obleth serve`` sends the spans still
+    batched then."""
+
+    def __init__(self, app: ASGIApp, then: Callable[[], object]) -> None:
+        self.app = app
+        self.then = then
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            await send(message)
+            if message["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                self.then()
+
+        await self.app(scope, receive, sending)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -16,7 +19,7 @@ import uvicorn
 from gateway.admin.api import admin_app
 from gateway.admin.elsewhere import AdminElsewhere
 from gateway.admin.health import HEALTH_PATH, METRICS_PATH, READY_PATH, Probes
-from gateway.asgi.lifespan import STARTUP_FAILURE
+from gateway.asgi.lifespan import STARTUP_FAILURE, AfterShutdown
 from gateway.asgi.middleware import GatewayMiddleware
 from gateway.cli.defaults import DefaultsShown, of_setting
 from gateway.cli.server_flags import (
@@ -37,7 +40,8 @@ from gateway.server.workers import Workers, listening_socket, worker_sockets
 from gateway.settings import Settings
 from gateway.telemetry.instruments import watch
 from gateway.telemetry.sdk import PrometheusExport, install_prometheus_export, install_tracing
-from gateway.types import ASGIApp, Message, Receive, Scope, Send
+from gateway.telemetry.workers import WorkerPages
+from gateway.types import ASGIApp
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -147,14 +151,20 @@ def _naming_flags(overrides: dict[str, Any]) -> Iterator[None]:
         raise ConfigError(flag, exc.value, exc.expected) from None
 
 
-def build_app(settings: Settings, *, export: PrometheusExport | None = None) -> Probes:
+def build_app(
+    settings: Settings,
+    *,
+    export: PrometheusExport | None = None,
+    metrics: Callable[[], bytes] | None = None,
+) -> Probes:
     """The standalone gateway as one ASGI app (what ``obleth serve`` runs): the probes and
     ``/metrics``, the admin API's paths answered 404 (it has a port of its own:
     ``AdminElsewhere``), ``GET /v1/models`` (the union of the upstreams' models, see
     ``gateway.proxy.models``), then the body timeout, the gateway and the streaming proxy.
 
-    ``/metrics`` renders ``export`` (default: a private one, which holds the gateway's
-    instruments only); they report to the host's provider too, if it has one.
+    ``/metrics`` answers ``metrics()``, by default ``export.render`` (``export`` default: a
+    private one, which holds the gateway's instruments only); they report to the host's
+    provider too, if it has one.
     Serve it with ``server_options(settings)`` for the bounds on request heads.
     """
     if not settings.upstreams:
@@ -179,7 +189,7 @@ def build_app(settings: Settings, *, export: PrometheusExport | None = None) -> 
     readings = gateway.readings
     catalog = ModelCatalog(settings.upstreams, healthy=lambda url: readings.get(url).healthy)
     listed = ModelList(timed, catalog, retry_after_s=settings.retry_after_s)
-    return Probes(AdminElsewhere(listed), gateway, export.render)
+    return Probes(AdminElsewhere(listed), gateway, metrics or export.render)
 
 
 def build_admin_app(settings: Settings, gateway: Gateway) -> Probes:
@@ -274,7 +284,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         if workers > 1:
             slots = [[sock, *shared] for sock in own]
-            return Workers(_worker, (plan,), slots, stop_timeout_s=GRACEFUL_S + 5).run()
+            # each worker's page of metrics, for the others' scrapes (gateway.telemetry.workers)
+            pages = tempfile.mkdtemp(prefix="obleth-metrics-")  # mode 0700
+            try:
+                return Workers(_worker, (plan, pages), slots, stop_timeout_s=GRACEFUL_S + 5).run()
+            finally:
+                shutil.rmtree(pages, ignore_errors=True)
         serve(_servers(plan, settings, app, tracing), [*own, *shared])
         return 0
     finally:
@@ -299,10 +314,15 @@ def _check_one_budget(settings: Settings, workers: int) -> None:
 
 
 def _servers(
-    plan: _Plan, settings: Settings, app: Probes, tracing: TracerProvider | None
+    plan: _Plan,
+    settings: Settings,
+    app: Probes,
+    tracing: TracerProvider | None,
+    pages: WorkerPages | None = None,
 ) -> list[uvicorn.Server]:
     """The gateway's uvicorn server and, when the admin API is on, the admin API's: the
-    same bounds on request heads and bodies on both."""
+    same bounds on request heads and bodies on both. A worker of several publishes its
+    ``pages`` while it serves."""
     common: dict[str, Any] = {
         "host": plan.host,
         "log_level": plan.log_level,
@@ -312,7 +332,9 @@ def _servers(
         "access_log": plan.access_log,
         **server_options(settings),
     }
-    gateway_app = app if tracing is None else _AfterShutdown(app, tracing.shutdown)
+    gateway_app: ASGIApp = app if tracing is None else AfterShutdown(app, tracing.shutdown)
+    if pages is not None:
+        gateway_app = pages.serving(gateway_app)
     servers = [uvicorn.Server(uvicorn.Config(gateway_app, port=plan.port, lifespan="on", **common))]
     if settings.admin_token is not None:
         # its own listener: operators reach it however busy the gateway's port is
@@ -346,39 +368,21 @@ def _listen(
     return own, shared
 
 
-def _worker(plan: _Plan, sockets: list[socket.socket]) -> None:
-    """One process of ``obleth serve --workers N``: a gateway of its own (its own pod of
-    the Redis pool) serving the sockets its parent bound. A setting that fails here ends
-    it with uvicorn's startup-failure status, which stops the parent too."""
+def _worker(plan: _Plan, pages_in: str, slot: int, sockets: list[socket.socket]) -> None:
+    """The process in ``slot`` of ``obleth serve --workers N``: a gateway of its own (its
+    own pod of the Redis pool) serving the sockets its parent bound, whose ``/metrics``
+    shows every worker's series, labelled ``worker="<slot>"``, through the pages they
+    publish in the directory ``pages_in``. A setting that fails here ends it with
+    uvicorn's startup-failure status, which stops the parent too."""
     try:
         with _naming_flags(plan.overrides):
             settings = Settings.from_env(**plan.overrides)
             tracing = install_tracing()
-            app = build_app(settings, export=install_prometheus_export())
+            export = install_prometheus_export()
+            pages = WorkerPages(export.render, Path(pages_in), slot)
+            app = build_app(settings, export=export, metrics=pages.scrape)
     except OblethError as exc:
         print(f"obleth: {exc}", file=sys.stderr)
         sys.exit(STARTUP_FAILURE)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C reaches every worker too
-        serve(_servers(plan, settings, app, tracing), sockets)
-
-
-class _AfterShutdown:
-    """``app``, with ``then()`` called once its lifespan shutdown is complete: the last
-    request has been answered (or cut off) by then. ``obleth serve`` sends the spans still
-    batched then."""
-
-    def __init__(self, app: ASGIApp, then: Callable[[], object]) -> None:
-        self.app = app
-        self.then = then
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-
-        async def sending(message: Message) -> None:
-            await send(message)
-            if message["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-                self.then()
-
-        await self.app(scope, receive, sending)
+        serve(_servers(plan, settings, app, tracing, pages), sockets)

@@ -110,12 +110,15 @@ def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socke
 
 
 def _worker_main(
-    target: Callable[..., None], args: tuple[object, ...], sockets: list[socket.socket]
+    target: Callable[..., None],
+    args: tuple[object, ...],
+    slot: int,
+    sockets: list[socket.socket],
 ) -> None:
-    """What a worker process runs: ``target(*args, sockets)``, having arranged to stop
-    itself if its parent dies first."""
+    """What a worker process runs: ``target(*args, slot, sockets)``, having arranged to
+    stop itself if its parent dies first."""
     _stop_when_orphaned()
-    target(*args, sockets)
+    target(*args, slot, sockets)
 
 
 def _stop_when_orphaned() -> None:
@@ -135,9 +138,11 @@ def _stop_when_orphaned() -> None:
 
 
 class Workers:
-    """One process per entry of ``slots``, each running ``target(*args, sockets)`` with
-    that entry's sockets, supervised; see the module docstring for what ``run()`` does on
-    signals and deaths.
+    """One process per entry of ``slots``, each running ``target(*args, slot, sockets)``
+    with the entry's index and sockets, supervised; see the module docstring for what
+    ``run()`` does on signals and deaths. A replacement runs in the slot of the worker it
+    replaces, with the same index: what a worker keeps by slot (its page of metrics,
+    ``gateway.telemetry.workers``) is taken over, not left beside a new one.
 
     ``target`` must be importable by name (a module-level function) and ``args``
     picklable: each worker is a fresh interpreter. The sockets stay open in the parent
@@ -197,7 +202,7 @@ class Workers:
     def _start(self, slot: int) -> BaseProcess:
         process = _spawn.Process(
             target=_worker_main,
-            args=(self._target, self._args, self._sockets[slot]),
+            args=(self._target, self._args, slot, self._sockets[slot]),
             name=f"obleth-worker-{slot + 1}",
         )
         process.start()

@@ -112,7 +112,7 @@ def connections_by_holder(
     return held
 
 
-def exit_with(status: int, sockets: list[socket.socket]) -> None:
+def exit_with(status: int, slot: int, sockets: list[socket.socket]) -> None:
     """A worker target (``gateway.server.workers.Workers``) that exits at once with
     ``status``: a crash, or with 3 a failed startup."""
     os._exit(status)
