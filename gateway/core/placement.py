@@ -19,7 +19,8 @@ one written winning.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import itertools
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -52,10 +53,12 @@ class PlacementLog:
       over this pod's own unconfirmed placement of it and over every later entry.
     - ``blocks(upstream)`` is the prompt content (blocks) placed on the upstream among the
       placements kept; at most ``capacity`` placements are kept.
-    - With ``shared`` set, own placements wait in ``unshared()`` for the synchroniser.
+    - With ``shared`` set, own placements wait in ``unshared()`` for the synchroniser; at
+      most ``capacity`` of them, the oldest dropped first (the shared record keeps no more
+      either), so a pod that cannot reach Redis for hours holds no more than that.
     """
 
-    __slots__ = ("_blocks", "_capacity", "_shared", "_unshared", "_where")
+    __slots__ = ("_blocks", "_capacity", "_dropped", "_shared", "_unshared", "_where")
 
     def __init__(self, capacity: int, *, shared: bool = False) -> None:
         if capacity < 1:
@@ -64,7 +67,9 @@ class PlacementLog:
         self._shared = shared
         self._where: OrderedDict[int, Placed] = OrderedDict()
         self._blocks: dict[str, int] = {}
-        self._unshared: list[tuple[int, str, int]] = []
+        self._unshared: deque[tuple[int, str, int]] = deque()
+        #: unshared placements dropped for the bound since the synchroniser last read them
+        self._dropped = 0
 
     @property
     def capacity(self) -> int:
@@ -91,7 +96,11 @@ class PlacementLog:
             return
         self._put(key, Placed(upstream, blocks, not self._shared))
         if self._shared:
-            self._unshared.append((key, upstream, blocks))
+            unshared = self._unshared
+            unshared.append((key, upstream, blocks))
+            if len(unshared) > self._capacity:
+                unshared.popleft()
+                self._dropped += 1
 
     def learn(self, key: int, upstream: str, blocks: int) -> None:
         """The shared record says ``key`` went to ``upstream`` (entries in record order)."""
@@ -106,10 +115,15 @@ class PlacementLog:
     def unshared(self, limit: int) -> list[tuple[int, str, int]]:
         """Up to ``limit`` own placements not yet in the shared record, oldest first;
         they stay here until ``shared(n)`` says the first ``n`` were written."""
-        return self._unshared[:limit]
+        self._dropped = 0
+        return list(itertools.islice(self._unshared, limit))
 
     def shared(self, count: int) -> None:
-        del self._unshared[:count]
+        """The first ``count`` placements ``unshared`` gave were written (those dropped for
+        the bound since then are gone already)."""
+        for _ in range(min(count - self._dropped, len(self._unshared))):
+            self._unshared.popleft()
+        self._dropped = 0
 
     def _put(self, key: int, placed: Placed) -> None:
         self._where[key] = placed

@@ -243,6 +243,30 @@ def test_own_placements_wait_for_the_synchroniser_until_written() -> None:
     assert PlacementLog(10).unshared(10) == [], "one process: nothing to share"
 
 
+def test_unshared_placements_stay_bounded_while_redis_is_unreachable() -> None:
+    """A pod that cannot share for a long time keeps at most ``capacity`` own placements
+    waiting for the synchroniser, the newest: the shared record keeps no more either."""
+    log = PlacementLog(100, shared=True)
+    for key in range(10_000):
+        log.record(key, NAMES[key % 4], 1)
+    waiting = log.unshared(10_000)
+    assert len(waiting) == 100
+    assert [k for k, _, _ in waiting] == list(range(9_900, 10_000))
+
+
+def test_placements_dropped_for_the_bound_during_a_sync_are_not_counted_twice() -> None:
+    """Placements written while newer ones pushed the oldest out are taken off once: the
+    ones not yet written still wait for the next report."""
+    log = PlacementLog(4, shared=True)
+    for key in range(4):
+        log.record(key, NAMES[0], 1)
+    assert [k for k, _, _ in log.unshared(2)] == [0, 1]
+    for key in range(4, 7):  # while the report is on its way: 0, 1 and 2 drop out
+        log.record(key, NAMES[0], 1)
+    log.shared(2)
+    assert [k for k, _, _ in log.unshared(10)] == [3, 4, 5, 6]
+
+
 class ReferenceRecord:
     """The placement record's contract, written the plain way."""
 
