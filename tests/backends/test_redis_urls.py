@@ -67,8 +67,14 @@ def sentinel(tmp_path: Path) -> Iterator[tuple[int, RedisServer]]:
 
 
 async def test_sentinel_finds_the_master(sentinel: tuple[int, RedisServer], pool_name: str) -> None:
+    """The gateway finds the master through Sentinel, and once stopped leaves no
+    connection open to Sentinel either (only this test's own, which asks)."""
     port, master = sentinel
     await _admits_and_releases(f"redis+sentinel://127.0.0.1:{port}/obleth/0", pool_name, master)
+    with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as client:
+        clients = client.execute_command("CLIENT", "LIST")
+    listed = clients.decode() if isinstance(clients, bytes) else str(clients)
+    assert listed.count("cmd=") == 1, listed
 
 
 def _wait_for_sentinel(port: int) -> None:

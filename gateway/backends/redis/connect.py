@@ -50,13 +50,29 @@ def connect(url: str, *, pool_size: int, timeout_s: float, setting: str = "redis
             **common,
         )
         master: aioredis.Redis = sentinel.master_for(
-            service, db=db, ssl=scheme.startswith("rediss"), **_credentials(url)
+            service,
+            redis_class=_SentinelMaster,
+            db=db,
+            ssl=scheme.startswith("rediss"),
+            **_credentials(url),
         )
         return master
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=pool_size, timeout=timeout_s, **common
     )
     return aioredis.Redis.from_pool(pool)  # the client owns the pool and closes it
+
+
+class _SentinelMaster(aioredis.Redis):
+    """The master of a Sentinel service, closing with itself the clients it asked
+    Sentinel through: redis-py's ``aclose()`` leaves their connections open, one socket
+    per Sentinel for as long as the process lives."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        for client in getattr(manager, "sentinels", ()):
+            await client.aclose()
 
 
 def _hosts(url: str, setting: str) -> list[tuple[str, int]]:
