@@ -9,29 +9,15 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cli.processes import holder
-from tests.cli.test_serve_workers import WAIT_S, ServeWorkers
+from tests.cli.serve_workers import WAIT_S, ServeWorkers
 from tests.cluster.pods import HOST, ServePod, SimBackend
 
 SENT = 12
 """Requests sent, each on a connection of its own, so both workers serve some."""
-
-
-@pytest.fixture
-def sim() -> Iterator[SimBackend]:
-    with SimBackend(name="workers-metrics-sim") as backend:
-        yield backend
-
-
-@pytest.fixture
-def serve(sim: SimBackend, redis_url: str, pool_name: str) -> Iterator[ServeWorkers]:
-    with ServeWorkers(sim.url, redis_url, pool_name) as pod:
-        yield pod
 
 
 def complete(port: int) -> int:
