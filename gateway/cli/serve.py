@@ -8,7 +8,6 @@ import contextlib
 import shutil
 import socket
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from gateway.server.workers import Workers, listening_socket, worker_sockets
 from gateway.settings import Settings
 from gateway.telemetry.instruments import watch
 from gateway.telemetry.sdk import PrometheusExport, install_prometheus_export, install_tracing
-from gateway.telemetry.workers import WorkerPages
+from gateway.telemetry.workers import WorkerPages, pages_directory
 from gateway.types import ASGIApp
 
 if TYPE_CHECKING:
@@ -285,9 +284,11 @@ def run(args: argparse.Namespace) -> int:
         if workers > 1:
             slots = [[sock, *shared] for sock in own]
             # each worker's page of metrics, for the others' scrapes (gateway.telemetry.workers)
-            pages = tempfile.mkdtemp(prefix="obleth-metrics-")  # mode 0700
+            pages = pages_directory()
             try:
-                return Workers(_worker, (plan, pages), slots, stop_timeout_s=GRACEFUL_S + 5).run()
+                return Workers(
+                    _worker, (plan, str(pages)), slots, stop_timeout_s=GRACEFUL_S + 5
+                ).run()
             finally:
                 shutil.rmtree(pages, ignore_errors=True)
         serve(_servers(plan, settings, app, tracing), [*own, *shared])

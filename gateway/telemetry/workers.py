@@ -20,9 +20,10 @@ scraped answers with its own page rendered fresh plus the other workers' latest 
   is not a fault) is left out of the scrape, with a warning at most once a minute per
   file; a scrape never fails over another worker's page.
 
-The directory is private to one ``obleth serve`` (the parent makes it, mode 0700, and
-removes it when it exits; only a ``kill -9`` of ``obleth serve`` leaves it, a few
-kilobytes in the temporary directory). Files are replaced atomically (written beside, then
+The directory is private to one ``obleth serve`` (the parent makes it, mode 0700, with
+``pages_directory`` and removes it when it exits; the one a ``kill -9`` of ``obleth
+serve`` leaves, a few kilobytes, is removed by the next ``obleth serve --workers`` of the
+same user). Files are replaced atomically (written beside, then
 ``os.replace``), so a reader sees a whole page, old or new, never half of one.
 """
 
@@ -33,6 +34,8 @@ import contextlib
 import logging
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -53,6 +56,50 @@ PUBLISH_INTERVAL_S = 1.0
 a scrape are at most about this old."""
 
 _PAGE = re.compile(r"worker-(\d+)\.prom")
+
+
+_DIRECTORY = re.compile(r"obleth-metrics-(\d+)-.+")
+"""The name of a pages directory: the pid of the ``obleth serve`` that made it first."""
+
+
+def pages_directory() -> Path:
+    """A new private directory (mode 0700) in the temporary directory for the pages of
+    one ``obleth serve --workers N``, named for the process that makes it. The directories
+    of earlier ones that could not remove theirs (killed with ``kill -9``) are removed
+    first: those of this user whose process is gone."""
+    root = Path(tempfile.gettempdir())
+    _remove_orphans(root)
+    return Path(tempfile.mkdtemp(prefix=f"obleth-metrics-{os.getpid()}-", dir=root))
+
+
+def _remove_orphans(root: Path) -> None:
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return  # nothing to tidy that can be seen: the new directory is made all the same
+    for entry in entries:
+        found = _DIRECTORY.fullmatch(entry.name)
+        if found is None or _alive(int(found[1])):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue  # another user's: not ours to judge
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a reused pid counts: its directory then stays)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or no pid at all: leave the directory
+    return True
 
 
 def page_path(directory: Path, slot: int) -> Path:

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import stat
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.telemetry.workers import WorkerPages, merge, page_path
+from gateway.telemetry.workers import WorkerPages, merge, page_path, pages_directory
 from gateway.types import Message, Receive, Scope, Send
 
 COUNTER = """\
@@ -140,3 +144,27 @@ def test_a_serving_app_publishes_from_startup_and_once_more_at_shutdown(tmp_path
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
     assert seen == [COUNTER % 1]
     assert path.read_text() == COUNTER % 9
+
+
+def test_a_pages_directory_left_by_a_killed_serve_is_removed_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kill -9`` of ``obleth serve --workers N`` leaves its directory of pages behind;
+    the next one removes it (its process is gone), and leaves a running one's and
+    anything not named as a pages directory alone. Its own is private (mode 0700)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    orphan = tmp_path / f"obleth-metrics-{ended.pid}-abc123"
+    running = tmp_path / f"obleth-metrics-{os.getppid()}-def456"
+    unrelated = tmp_path / "obleth-metrics-notes"
+    for directory in (orphan, running, unrelated):
+        directory.mkdir()
+        (directory / "worker-0.prom").write_text(COUNTER % 1)
+
+    made = pages_directory()
+
+    assert not orphan.exists()
+    assert running.exists() and unrelated.exists()
+    assert made.parent == tmp_path and made.name.startswith(f"obleth-metrics-{os.getpid()}-")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
