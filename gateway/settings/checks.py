@@ -57,7 +57,8 @@ def check_int(minimum: int, maximum: int | None = None) -> Callable[[Settings, s
 #: milliseconds. Where "no limit" is meaningful (the upstream timeouts) it is spelled None.
 MAX_SECONDS = 86_400
 
-_AT_MOST_A_DAY = f"expected at most {MAX_SECONDS} seconds (one day)"
+#: The message of a seconds setting over ``MAX_SECONDS``.
+AT_MOST_A_DAY = f"expected at most {MAX_SECONDS} seconds (one day)"
 
 
 def check_seconds(settings: Settings, name: str, value: Any) -> float:
@@ -66,7 +67,7 @@ def check_seconds(settings: Settings, name: str, value: Any) -> float:
     if not finite(value) or value <= 0:
         raise settings.error(name, value, "expected a finite number of seconds above 0")
     if value > MAX_SECONDS:
-        raise settings.error(name, value, _AT_MOST_A_DAY)
+        raise settings.error(name, value, AT_MOST_A_DAY)
     return float(value)
 
 
@@ -301,7 +302,7 @@ def check_optional_seconds(settings: Settings, name: str, value: Any) -> float |
         return None
     if finite(value) and value > MAX_SECONDS:
         unset = "leave it empty" if name in settings.env_names else "None"
-        raise settings.error(name, value, f"{_AT_MOST_A_DAY}, or {unset} for no limit")
+        raise settings.error(name, value, f"{AT_MOST_A_DAY}, or {unset} for no limit")
     return check_seconds(settings, name, value)
 
 

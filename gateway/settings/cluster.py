@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import redis.connection
 
 from gateway.core.numbers import finite
-from gateway.settings.checks import MAX_SECONDS, check_seconds
+from gateway.settings.checks import AT_MOST_A_DAY, MAX_SECONDS, check_seconds
 
 if TYPE_CHECKING:
     from gateway.settings.fields import Settings
@@ -152,7 +152,5 @@ def check_optional_window(settings: Settings, name: str, value: Any) -> float | 
     if not finite(value) or value < 0:
         raise settings.error(name, value, "expected a number of seconds (0 or more), or unset")
     if value > MAX_SECONDS:
-        raise settings.error(
-            name, value, f"expected at most {MAX_SECONDS} seconds (one day), or unset"
-        )
+        raise settings.error(name, value, f"{AT_MOST_A_DAY}, or unset")
     return float(value)
