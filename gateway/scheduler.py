@@ -73,6 +73,8 @@ class Scheduler:
         Raises ``Rejected`` (the caller answers 503/429) or ``Disconnected`` (the client
         went away while waiting; nobody is left to answer).
         """
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             outcome = await self.backend.acquire(ticket)
             if isinstance(outcome, Pending):
@@ -80,13 +82,15 @@ class Scheduler:
         except Rejected as exc:
             self.rejected[exc.reason] += 1
             raise
+        # from the call on: in cluster mode a grant without a wait still took its round
+        # trip to Redis, and a wait began only once Redis had answered that first call
+        outcome.waited_s = loop.time() - started
         outcome.owner = self
         self._admitted += 1
         return outcome
 
     async def _wait(self, pending: Pending, disconnected: DisconnectWatch | None) -> Permit:
         loop = asyncio.get_running_loop()
-        started = loop.time()
         timer = loop.call_later(self._timeout_s, self._expire, pending)
         watcher = None
         if disconnected is not None:
@@ -102,7 +106,6 @@ class Scheduler:
             timer.cancel()
             if watcher is not None:
                 watcher.cancel()
-        permit.waited_s = loop.time() - started
         return permit
 
     def _expire(self, pending: Pending) -> None:

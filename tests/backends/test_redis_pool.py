@@ -563,6 +563,20 @@ async def test_a_new_pool_admits_its_first_request_before_any_window(pods: Pods)
     assert (await pods.wait_empty(2)).empty
 
 
+async def test_a_grant_without_a_wait_counts_its_round_trip_to_redis_as_waiting(
+    pods: Pods,
+) -> None:
+    """``waited_s`` (the queue-wait histogram, the app's record) runs from the request's
+    arrival: in cluster mode that includes the call to Redis, even for a free seat. Redis
+    holds the call here (``CLIENT PAUSE``) for a known time, well within the retry budget."""
+    gateway = await pods.start(global_max_in_flight=4, lease_ttl_s=3, redis_retry_budget_s=1.5)
+    await pods.client.execute_command("CLIENT", "PAUSE", 300, "WRITE")
+    permit = await asyncio.wait_for(gateway.scheduler.acquire(Ticket("t")), 5)
+    assert permit.waited_s >= 0.2, permit.waited_s
+    permit.release()
+    assert (await pods.wait_empty(2)).empty
+
+
 async def test_a_silent_pod_holds_the_roll_call_until_its_liveness_passes(
     own_pods: Pods,
 ) -> None:
