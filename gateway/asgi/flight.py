@@ -108,7 +108,7 @@ class Flight:
                     raise
                 except BaseException:  # a plugin's fault: named in the log, the request goes on
                     plan.plugins.header_ticket_failed()
-                    self.ticket = make_ticket(plan.default.tenant, plan.default.priority)
+                    self.ticket = plan.default_ticket
             else:
                 self.ticket = self._classify(payload)
         except BadRequest as exc:
@@ -333,16 +333,19 @@ class Flight:
     ) -> None:
         """Count a request that the app never saw, and end its span: ``outcome`` (one of
         ``tallies``') and ``reason`` say why, ``waited_s`` how long it queued. ``unclassified``:
-        before it had a ticket (see ``FlightPlan.ticket_of_refused``)."""
+        before it had a ticket (see ``FlightPlan.ticket_of_refused``); its span names a
+        tenant only when its headers did."""
         if unclassified:
-            self.ticket = self.plan.ticket_of_refused(self.scope["headers"])
+            named = self.plan.ticket_of_refused(self.scope["headers"])
+            self.ticket = self.plan.default_ticket if named is None else named
+        else:
+            named = self.ticket
         self.plan.tallies.count(self.ticket, outcome, reason)
         span = self.span
         if span is not None:
             self.span = None
-            ticket = None if unclassified else self.ticket
             reason = reason or outcome
-            close_span(span, self.scope, outcome, ticket, reason=reason, waited_s=waited_s)
+            close_span(span, self.scope, outcome, named, reason=reason, waited_s=waited_s)
 
     def _admitted_span(self) -> None:
         span = self.span

@@ -58,6 +58,7 @@ class FlightPlan:
         "app",
         "complaints",
         "default",
+        "default_ticket",
         "first_byte",
         "free_seats",
         "gateway",
@@ -112,6 +113,8 @@ class FlightPlan:
         self.reads_body = plugins.wants_body or router is not None
         self.max_body = config.max_body_bytes
         self.default = Classification(config.default_tenant, config.default_priority)
+        #: the default class's ticket (tickets are immutable: one serves every request)
+        self.default_ticket = ticket(config.default_tenant, config.default_priority)
         self.names_upstream = bool(config.upstream_header)
         self.retry_after_s = config.retry_after_s
         #: a 503 for no healthy upstream may be retried after the next health check
@@ -130,12 +133,13 @@ class FlightPlan:
         #: None when no provider does, and then a request pays nothing for it
         self.first_byte = FirstByteFeed.of(gateway, complaints)
 
-    def ticket_of_refused(self, headers: Iterable[tuple[bytes, bytes]]) -> Ticket:
-        """The ticket a request refused before it was classified is counted under (a body
-        over ``max_body_bytes``, that paused, or that the client left half-way): the one
-        its headers name when the classifier reads the headers alone, as the built-in one
-        does (cheap, and known before the body); else the default class's, since a
-        classifier that reads the body never got one. Called only on refusals."""
+    def ticket_of_refused(self, headers: Iterable[tuple[bytes, bytes]]) -> Ticket | None:
+        """The ticket of a request refused before it was classified (a body over
+        ``max_body_bytes``, that paused, or that the client left half-way): the one its
+        headers name when the classifier reads the headers alone, as the built-in one does
+        (cheap, and known before the body); else None, since a classifier that reads the
+        body never got one (the caller counts it under the default class). Called only on
+        refusals."""
         header_ticket = self.header_ticket
         if header_ticket is not None:
             try:
@@ -146,7 +150,7 @@ class FlightPlan:
                 raise
             except BaseException:
                 self.plugins.header_ticket_failed()
-        return ticket(self.default.tenant, self.default.priority)
+        return None
 
     async def answer_unroutable(self, send: Send, error: Unroutable) -> None:
         """Answer a request no upstream can take: the error's status, and for a 503 a

@@ -24,6 +24,7 @@ from gateway.loopback import serve_in_task, serve_in_thread
 from gateway.settings import Settings
 from gateway.types import Receive, Scope, Send
 from tests.cluster.pods import ServePod
+from tests.proxy.serving import serving
 from tests.proxy.upstreams import Echo, eventually, read_body, within
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -140,6 +141,27 @@ async def test_a_request_refused_after_queueing_says_how_long_it_waited(
     assert beta.attributes["obleth.outcome"] == "rejected"
     assert beta.attributes["obleth.reason"] == "queue_timeout"
     assert beta.attributes["obleth.wait_s"] >= 0.3
+
+
+@pytest.mark.anyio
+async def test_a_request_refused_before_classification_names_the_tenant_its_headers_do(
+    spans: InMemorySpanExporter,
+) -> None:
+    """A JSON body over ``max_body_bytes`` is refused while the gateway reads it to route
+    it, before the classifier ran: its span names the tenant of ``x-tenant``, as the
+    metric counts it, since the built-in classifier reads the headers alone."""
+    async with (
+        serving(tenant_header="x-tenant", max_body_bytes=100) as served,
+        httpx.AsyncClient(base_url=served.url, trust_env=False) as http,
+    ):
+        refused = await http.post("/v1/x", json={"pad": "x" * 200}, headers={"x-tenant": "acme"})
+        assert refused.status_code == 413
+
+    (span,) = spans.get_finished_spans()
+    assert span.attributes["obleth.outcome"] == "bad_request"
+    assert span.attributes["obleth.reason"] == "413"
+    assert span.attributes["obleth.tenant"] == "acme"
+    assert span.status.status_code is StatusCode.ERROR
 
 
 @pytest.mark.anyio
