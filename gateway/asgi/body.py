@@ -7,6 +7,7 @@ messages the server sent.
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 
 from gateway.errors import BadRequest, Disconnected
@@ -147,3 +148,14 @@ def has_json_body(scope: Scope) -> bool:
         if name == b"content-type":
             return bool(value.lower().startswith(b"application/json"))
     return False
+
+
+def client_left(error: Exception, body: RequestBody | None) -> bool:
+    """Whether an app raised ``error`` because its client went away: the flight watched
+    ``body`` and saw the disconnect, or the error is Starlette's ``ClientDisconnect``
+    (what ``Request.body()`` raises then; an app that raised it has Starlette loaded,
+    so an app without Starlette costs no import of it)."""
+    if body is not None and body.disconnected:
+        return True
+    requests = sys.modules.get("starlette.requests")
+    return requests is not None and isinstance(error, requests.ClientDisconnect)

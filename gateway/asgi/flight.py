@@ -13,16 +13,20 @@ of one middleware shares (the gateway's parts, the settings it reads) is its
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from gateway.asgi.body import RequestBody, declared_length, expects_continue, has_json_body
+from gateway.asgi.body import (
+    RequestBody,
+    client_left,
+    declared_length,
+    expects_continue,
+    has_json_body,
+)
 from gateway.asgi.plan import FlightPlan, Record, keep_record, naming_upstream, routed_keys
-from gateway.asgi.responses import send_bad_request, send_json_error, send_rejection
-from gateway.complaints import Complaints
+from gateway.asgi.responses import answer_not_started, send_bad_request, send_rejection
 from gateway.core.tickets import Ticket
 from gateway.core.tickets import ticket as make_ticket
 from gateway.errors import BadRequest, Disconnected, Rejected, Unroutable
@@ -35,8 +39,6 @@ from gateway.types import Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
-
-log = logging.getLogger("obleth")
 
 
 class Flight:
@@ -167,6 +169,10 @@ class Flight:
                 outcome = tallies.ERROR
         except asyncio.CancelledError:
             outcome = tallies.CANCELLED
+            raise
+        except Exception as exc:  # the app failed, unless its client had left
+            if client_left(exc, self.body):
+                outcome = tallies.CANCELLED
             raise
         finally:
             self._land()
@@ -368,22 +374,6 @@ class Flight:
     def _info(self) -> RequestInfo:
         scope = self.scope
         return RequestInfo(self.ticket.tenant, self.ticket.priority, scope["method"], scope["path"])
-
-
-async def answer_not_started(
-    send: Send, error: Exception, complaints: Complaints, retry_after_s: float
-) -> None:
-    """503 for a request that found the gateway unable to start (no lifespan told the
-    server); the reason goes to the log, at most once a minute."""
-    if complaints.may("start"):
-        log.error("the gateway could not start, so it admits nothing: %s", error)
-    await send_json_error(
-        send,
-        503,
-        "the gateway could not start, so it admits no request; the server's log says why",
-        code="gateway_not_started",
-        retry_after_s=retry_after_s,
-    )
 
 
 def _record_of(ticket: Ticket, waited_s: float, **routing: object) -> Record:

@@ -16,9 +16,10 @@ from collections.abc import Iterable
 from typing import cast
 
 from gateway.asgi.exempt import pass_routed
-from gateway.asgi.flight import Flight, answer_not_started
+from gateway.asgi.flight import Flight
 from gateway.asgi.lifespan import run_lifespan
 from gateway.asgi.plan import FlightPlan
+from gateway.asgi.responses import answer_not_started
 from gateway.complaints import Complaints
 from gateway.core.exemptions import ExemptPaths, route_path
 from gateway.errors import OblethError

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
+from gateway.complaints import Complaints
 from gateway.errors import BadRequest, Rejected
 from gateway.types import Send
+
+log = logging.getLogger("obleth")
 
 #: the error ``type`` of a status, as OpenAI-style clients sort errors: the request's
 #: fault, the credentials', too many requests, or the server's; a status not listed takes
@@ -89,4 +93,20 @@ async def send_rejection(send: Send, rejected: Rejected) -> None:
 async def send_bad_request(send: Send, error: BadRequest) -> None:
     await send_json_error(
         send, error.status, str(error), code=None, param=error.param, close=error.close
+    )
+
+
+async def answer_not_started(
+    send: Send, error: Exception, complaints: Complaints, retry_after_s: float
+) -> None:
+    """503 for a request that found the gateway unable to start (no lifespan told the
+    server); the reason goes to the log, at most once a minute."""
+    if complaints.may("start"):
+        log.error("the gateway could not start, so it admits nothing: %s", error)
+    await send_json_error(
+        send,
+        503,
+        "the gateway could not start, so it admits no request; the server's log says why",
+        code="gateway_not_started",
+        retry_after_s=retry_after_s,
     )

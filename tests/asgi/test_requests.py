@@ -25,6 +25,7 @@ from gateway.builtin.classifier import tenant_of_key
 from gateway.loopback import serve_in_task
 from gateway.types import ASGIApp, Message, Receive, Scope, Send
 from tests.asgi.conftest import Client, http_scope
+from tests.proxy.rawhttp import host_port, request_head
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
@@ -337,6 +338,55 @@ def test_a_client_leaving_a_stream_unwatched_is_counted_cancelled() -> None:
                 await asyncio.sleep(0.01)
         outcomes = {outcome for (_, _, outcome, _) in gw.gateway.tallies.totals()}
         assert outcomes == {"cancelled"}
+
+    run(scenario)
+
+
+class Finished:
+    """An observer plugin: with it, the gateway watches ``receive()`` of every request."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[str] = []
+
+    @hookimpl
+    def obleth_request_finished(self, outcome: str) -> None:
+        self.outcomes.append(outcome)
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["unwatched", "watched"])
+def test_an_app_that_raises_because_its_client_left_counts_cancelled(watched: bool) -> None:
+    """A client announces 20 000 bytes of upload, sends 200 and hangs up; the app, reading
+    the body with Starlette, raises ``ClientDisconnect``. The client stopped the request,
+    not the app: it counts ``cancelled`` (an error would page someone for clients that
+    leave), and its seat comes back."""
+
+    async def upload(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(str(len(await request.body())))
+
+    async def scenario() -> None:
+        app = Starlette(routes=[Route("/v1/upload", upload, methods=["POST"])])
+        plugins = [Finished()] if watched else []
+        gw = GatewayMiddleware(app, Settings(), plugins=plugins)
+        async with serve_in_task(gw) as server:
+            _, writer = await asyncio.open_connection(*host_port(server.url))
+            headers = (("content-type", "application/octet-stream"), ("content-length", "20000"))
+            writer.write(request_head("/v1/upload", *headers, method="POST") + b"y" * 200)
+            await writer.drain()
+            for _ in range(500):  # the app reads the first 200 bytes: bounded wait
+                if gw.gateway.scheduler.admitted == 1:
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+            await writer.wait_closed()
+            for _ in range(500):  # the server tells the app, which raises: bounded wait
+                if gw.gateway.tallies.totals():
+                    break
+                await asyncio.sleep(0.01)
+            assert gw.gateway.snapshot().inflight == 0
+        outcomes = {outcome for (_, _, outcome, _) in gw.gateway.tallies.totals()}
+        assert outcomes == {"cancelled"}
+        if watched:
+            assert plugins[0].outcomes == ["cancelled"]
 
     run(scenario)
 
