@@ -7,7 +7,8 @@ import io
 from typing import Any
 from wsgiref.types import WSGIEnvironment
 
-from gateway.types import Scope
+from gateway.settings import API_KEY_HEADERS, Settings
+from gateway.types import Message, Scope
 
 #: environ keys whose headers WSGI keeps without the ``HTTP_`` prefix
 _UNPREFIXED = {"CONTENT_TYPE": b"content-type", "CONTENT_LENGTH": b"content-length"}
@@ -22,10 +23,26 @@ def path_of(environ: WSGIEnvironment) -> tuple[bytes, str]:
     return raw, raw.decode("utf-8", "replace")
 
 
-def scope_of(environ: WSGIEnvironment, raw_path: bytes, path: str) -> Scope:
+def classified_headers(settings: Settings) -> frozenset[bytes]:
+    """The headers the built-in classifier reads one value of: the tenant header, the
+    priority header when trusted, and those an API key is read from."""
+    names = {*API_KEY_HEADERS, settings.tenant_header}
+    if settings.trust_priority_header:
+        names.add(settings.priority_header)
+    return frozenset(name.lower().encode("latin-1") for name in names if name)
+
+
+def scope_of(
+    environ: WSGIEnvironment, raw_path: bytes, path: str, unfold: frozenset[bytes] = frozenset()
+) -> Scope:
     """The ASGI HTTP scope of ``environ`` (whose path ``path_of`` read): method, path,
     query string, headers (lower-case names, in bytes), client and server.
-    Its ``state`` is a new dict, where the gateway puts its record of the request."""
+    Its ``state`` is a new dict, where the gateway puts its record of the request.
+
+    A WSGI server joins a repeated header into one value, with commas. The headers named
+    in ``unfold`` (``classified_headers``) are split back into one header per value, so
+    that the last of them counts as it does under ASGI: ``x-tenant: gold`` then
+    ``x-tenant: free`` is tenant ``free``, never a tenant ``gold,free``."""
     headers: list[tuple[bytes, bytes]] = []
     for key, value in environ.items():
         if key.startswith("HTTP_"):
@@ -35,7 +52,11 @@ def scope_of(environ: WSGIEnvironment, raw_path: bytes, path: str) -> Scope:
             if unprefixed is None or not value:
                 continue
             name = unprefixed
-        headers.append((name, value.encode("latin-1")))
+        encoded = value.encode("latin-1")
+        if name in unfold and b"," in encoded:
+            headers.extend((name, part.strip()) for part in encoded.split(b","))
+        else:
+            headers.append((name, encoded))
     root = environ.get("SCRIPT_NAME", "").encode("latin-1").decode("utf-8", "replace")
     protocol = environ.get("SERVER_PROTOCOL", "HTTP/1.1")
     scope: dict[str, Any] = {
@@ -56,30 +77,54 @@ def scope_of(environ: WSGIEnvironment, raw_path: bytes, path: str) -> Scope:
     return scope
 
 
-def read_body_ahead(environ: WSGIEnvironment, limit: int) -> bytes:
-    """Up to ``limit + 1`` bytes of the request body (one more than the gateway takes, so
-    that an oversized body is told apart), read from ``wsgi.input``; when that is the
-    whole body, ``wsgi.input`` is replaced by a stream of it for the app."""
+def body_ahead(environ: WSGIEnvironment, limit: int) -> list[Message]:
+    """The JSON body, read ahead of the request's flight from ``wsgi.input`` (bounded), as
+    the ASGI messages the flight's ``receive()`` hands out in turn:
+
+    - none when the ``Content-Length`` is over ``limit``: the flight refuses the body
+      unread (413), as the ASGI middleware does;
+    - the whole body, in one message; ``wsgi.input`` is then replaced by a stream of it,
+      so that the app reads the same bytes;
+    - ``limit + 1`` bytes and more to come: the flight answers 413;
+    - what came before the client stopped sending, then ``http.disconnect``, for a body
+      shorter than its ``Content-Length`` or a read that failed (the client reset the
+      connection): the flight counts the request ``abandoned`` and never admits it on a
+      partial prompt.
+    """
     try:
         length: int | None = int(environ.get("CONTENT_LENGTH") or 0)
     except ValueError:
         length = 0
+    if length is not None and length > limit:
+        return []
     if not length and environ.get("wsgi.input_terminated"):
         length = None  # chunked: read to the end of the stream
     stream = environ["wsgi.input"]
-    wanted = limit + 1 if length is None else min(length, limit + 1)
+    wanted = limit + 1 if length is None else length
     chunks = []
     got = 0
-    while got < wanted:
-        chunk = stream.read(min(_CHUNK, wanted - got))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
+    cut = False
+    try:
+        while got < wanted:
+            chunk = stream.read(min(_CHUNK, wanted - got))
+            if not chunk:
+                cut = length is not None  # a chunked body simply ended
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    except Exception:  # the server's own error for a connection that broke mid-body
+        cut = True
     body = b"".join(chunks)
-    if got <= limit:
-        environ["wsgi.input"] = io.BytesIO(body)
-    return body
+    if cut:
+        return [_part(body, more=True), {"type": "http.disconnect"}]
+    if got > limit:
+        return [_part(body, more=True)]
+    environ["wsgi.input"] = io.BytesIO(body)
+    return [_part(body, more=False)]
+
+
+def _part(body: bytes, *, more: bool) -> Message:
+    return {"type": "http.request", "body": body, "more_body": more}
 
 
 def _address(host: object, port: object) -> list[object] | None:

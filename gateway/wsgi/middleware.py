@@ -20,7 +20,7 @@ from gateway.asgi.body import has_json_body
 from gateway.core.exemptions import ExemptPaths
 from gateway.gateway import Gateway
 from gateway.settings import Settings
-from gateway.wsgi.environ import path_of, read_body_ahead, scope_of
+from gateway.wsgi.environ import body_ahead, classified_headers, path_of, scope_of
 from gateway.wsgi.firstbyte import FirstByteClock
 from gateway.wsgi.loopthread import LoopThread
 from gateway.wsgi.passage import Passage, hold, run_app
@@ -75,6 +75,7 @@ class WSGIGatewayMiddleware:
         self.app = app
         self._plans = ProcessPlan(run_app, settings, gateway, plugins)
         self._exempt = ExemptPaths(self.gateway.settings.exempt_paths)
+        self._unfold = classified_headers(self.gateway.settings)
         self._loop = LoopThread("obleth-gateway")
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -83,10 +84,10 @@ class WSGIGatewayMiddleware:
         if self._exempt.covers(path):
             return self.app(environ, start_response)
         plan = self._plans.current()
-        scope = scope_of(environ, raw_path, path)
+        scope = scope_of(environ, raw_path, path, self._unfold)
         ahead = None
         if plan.reads_body and has_json_body(scope):
-            ahead = read_body_ahead(environ, plan.max_body)
+            ahead = body_ahead(environ, plan.max_body)
         loop = self._loop.loop()
         passage = Passage(loop)
         self._loop.submit(passage.fly(plan, scope, ahead))

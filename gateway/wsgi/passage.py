@@ -65,6 +65,17 @@ STOPPED = Answer(
 )
 
 
+#: the answer to a request whose body ended before its ``Content-Length``, read ahead: the
+#: client left, or stopped sending (it may still read), and its request never ran
+CUT_SHORT = Answer(
+    400,
+    [(b"content-type", b"application/json")],
+    b'{"error": {"message": "the request body ended before the length its Content-Length '
+    b'announced; the request was not run", "type": "invalid_request_error", "param": null, '
+    b'"code": null}}',
+)
+
+
 class AppFailed(Exception):
     """The WSGI app raised (its worker thread re-raises the original to the server)."""
 
@@ -85,20 +96,20 @@ class Passage:
         self._head: Message | None = None
         self._parts: list[bytes] = []
 
-    async def fly(self, plan: FlightPlan, scope: Scope, body: bytes | None) -> None:
-        """The request's flight, on the loop. ``body`` is what was read ahead of it
-        (complete, or one byte over the bound), None when it stays for the app."""
+    async def fly(self, plan: FlightPlan, scope: Scope, ahead: list[Message] | None) -> None:
+        """The request's flight, on the loop. ``ahead``: the messages of the body read
+        ahead of it (``body_ahead``), None when the body stays for the app."""
         scope[PASSAGE] = self
+        left = False
 
         async def receive() -> Message:
-            nonlocal body
-            if body is not None:
-                message = {"type": "http.request", "body": body, "more_body": False}
-                if len(body) > plan.max_body:
-                    message["more_body"] = True
-                body = None
+            nonlocal left
+            if ahead:
+                message = ahead.pop(0)
+                left = message["type"] == "http.disconnect"
                 return message
-            # WSGI does not tell when a client leaves: to the flight, it never does
+            # WSGI does not tell when a client leaves: past what was read ahead, to the
+            # flight, it never does
             await asyncio.get_running_loop().create_future()
             raise AssertionError("unreachable")
 
@@ -113,7 +124,7 @@ class Passage:
                 log.exception("the gateway failed after the app ran")
         finally:
             if not self.verdict.done():
-                self.verdict.set_result(STOPPED)
+                self.verdict.set_result(CUT_SHORT if left else STOPPED)
 
     async def _collect(self, message: Message) -> None:
         """The flight's ``send``, for an answer the gateway gives itself."""
