@@ -16,6 +16,7 @@ from gateway.errors import ConfigError
 from gateway.server.running import serve
 from gateway.server.workers import listening_socket
 from gateway.sim import SimConfig, create_app
+from gateway.sim.config import MAX_DURATION_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +110,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         return SimConfig(**values)
     except ConfigError as exc:
         knob = next(k for k in _KNOBS if k.field == exc.setting)
-        expected = exc.expected.replace("number of seconds", "number")
+        expected = exc.expected
+        if knob.scale != 1.0:  # a duration, which the flag gives in milliseconds
+            expected = f"must be a number of milliseconds from 0 to {MAX_DURATION_S / knob.scale:g}"
         raise ConfigError(knob.flag, getattr(args, knob.dest), expected) from None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import socket
 
 #: how long a stopping server command lets the requests in progress finish (uvicorn's
@@ -72,8 +73,10 @@ def listen_url(host: str, port: int) -> str:
 def cannot_listen(command: str, host: str, port: int, flag: str, error: OSError) -> str:
     """The one line a server command prints when it cannot listen on ``host:port``: what
     failed, and the flag to change (``flag`` for a taken port, ``--host`` for a name that
-    does not resolve)."""
+    does not resolve or an address this machine does not have)."""
     fix = f"give {flag} a port that is free"
     if isinstance(error, socket.gaierror):  # the name, not the port
         fix = "give --host an address or a name this machine resolves"
+    elif error.errno == errno.EADDRNOTAVAIL:  # an address of another machine
+        fix = "give --host an address of this machine (127.0.0.1, 0.0.0.0, or one it has)"
     return f"obleth {command}: cannot listen on {host}:{port}: {error.strerror or error}; {fix}"

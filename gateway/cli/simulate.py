@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from gateway.cli.defaults import DefaultsShown, setting_default
 from gateway.cli.simulate_plan import (
@@ -14,6 +15,7 @@ from gateway.cli.simulate_plan import (
     with_value,
 )
 from gateway.simulate import profiles
+from gateway.simulate.errors import BadFlag
 from gateway.simulate.render import as_json, run_table, sweep_table
 from gateway.simulate.report import (
     add_fitness,
@@ -39,6 +41,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "BLIS (inference-sim). See docs/simulate.md.",
         formatter_class=DefaultsShown,
     )
+    # every flag that takes a value takes one: given twice, the first would be dropped
+    parser.register("action", None, _Once)
+    parser.register("action", "store", _Once)
     model = parser.add_argument_group("the instances")
     model.add_argument(
         "--model",
@@ -209,6 +214,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(run=run)
 
 
+class _Once(argparse._StoreAction):
+    """A flag given at most once (argparse keeps the last value of a flag given twice): a
+    report must not answer for a value other than the one the user meant."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given: set[str] = namespace.__dict__.setdefault("_flags_given", set())
+        if self.dest in given:
+            raise argparse.ArgumentError(self, "given twice; give it once")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
 def _setting(name: str) -> str:
     """``(default: X)``: the setting's own default, which a simulation uses when the flag
     is left out (the ``OBLETH_*`` environment plays no part in a simulation)."""
@@ -219,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_of(args)
     weights = parse_weights(args.fitness_weights) if args.fitness_weights is not None else None
     slo = parse_slo(args.slo) if args.slo is not None else None
+    if slo is not None and "fitness" in slo and weights is None:
+        raise BadFlag("--slo", args.slo, "fitness is scored only with --fitness-weights", told=True)
     sweep = parse_sweep(args.sweep) if args.sweep is not None else None
     if sweep is not None:
         refuse_swept_flag(args, sweep)

@@ -49,6 +49,8 @@ def plan_of(args: argparse.Namespace) -> Plan:
     _arrive_within_a_day("--rate", rate, args.num_requests)
     if not math.isfinite(args.scrape_interval) or args.scrape_interval < 0:
         raise BadFlag("--scrape-interval", args.scrape_interval, "seconds, 0 or more")
+    span = args.num_requests / rate
+    _readings_bounded("--num-instances", instances, span, args.scrape_interval, args.num_requests)
     workload = Workload(
         rate=rate,
         num_requests=args.num_requests,
@@ -77,6 +79,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
             gateway[setting] = parse(setting, value) if parse is not None else value
         except ConfigError as exc:
             raise BadFlag(FLAG_OF_SETTING[setting], value, exc.expected, told=True) from None
+    _tenants_known(args, gateway, set(workload.tenants or {"default": 1.0}))
     return Plan(
         profile=profile,
         workload=workload,
@@ -85,6 +88,32 @@ def plan_of(args: argparse.Namespace) -> Plan:
         scrape_interval_s=args.scrape_interval,
         gateway=gateway,
     )
+
+
+def _tenants_known(args: argparse.Namespace, gateway: dict[str, Any], known: set[str]) -> None:
+    """`BadFlag` for a blank ``--tenant-weights`` or ``--tenant-max-in-flight``, or one
+    naming a tenant the workload does not have: a simulation knows all its tenants, so
+    a name it lacks is a slip that would leave the run as if the flag were not given."""
+    for setting, text in (
+        ("tenant_weights", args.tenant_weights),
+        ("tenant_max_in_flight", args.tenant_max_in_flight),
+    ):
+        if text is None:
+            continue
+        flag = FLAG_OF_SETTING[setting]
+        if not text.strip():
+            raise BadFlag(flag, text, "a value; an empty one is an error, not the flag left out")
+        named = gateway.get(setting)
+        unknown = sorted(set(named) - known - {"*"}) if isinstance(named, dict) else []
+        if unknown:
+            tenants = ", ".join(sorted(known))
+            raise BadFlag(
+                flag,
+                text,
+                f"names of the workload's tenants ({tenants}; set by --tenants); "
+                f"{unknown[0]!r} is none of them",
+                told=True,
+            )
 
 
 #: The instance flags, each with the profile's engine field it sets.
@@ -149,10 +178,15 @@ def with_value(plan: Plan, flag: str, value: float) -> Plan:
         return replace(plan, profile=_engine(plan.profile, changes))
     if flag == "max-num-seqs":
         return replace(plan, profile=_engine(plan.profile, {"max_num_seqs": int(value)}))
+    requests = plan.workload.num_requests
     if flag == "num-instances":
+        span = requests / plan.workload.rate
+        _readings_bounded("--sweep", int(value), span, plan.scrape_interval_s, requests)
         return replace(plan, num_instances=int(value))
     if flag == "rate":
-        _arrive_within_a_day("--sweep", value, plan.workload.num_requests)
+        _arrive_within_a_day("--sweep", value, requests)
+        span = requests / value
+        _readings_bounded("--sweep", plan.num_instances, span, plan.scrape_interval_s, requests)
         return replace(plan, workload=replace(plan.workload, rate=value))
     return replace(plan, gateway={**plan.gateway, "global_max_in_flight": int(value)})
 
@@ -171,6 +205,37 @@ def _arrive_within_a_day(flag: str, rate: float, num_requests: int) -> None:
             rate,
             f"a rate at which the {num_requests} requests arrive within a simulated day "
             f"(at least {least:.3g} per second), or fewer requests",
+        )
+
+
+MAX_READINGS = 10_000_000
+"""The most readings of the instances a run may take (instances times polls over the
+arrivals; with ``--scrape-interval 0``, instances times requests): about 30 s of work on
+a small machine. Each flag within its own bound, 10 000 instances read every 0.25 s
+over a day of arrivals would take hours."""
+
+
+def _readings_bounded(
+    flag: str, instances: int, span_s: float, interval_s: float, requests: int
+) -> None:
+    """`BadFlag` (naming ``flag``) when ``instances`` read every ``interval_s`` over
+    ``span_s`` seconds of arrivals (or at each of ``requests`` decisions when the
+    interval is 0) would be more than `MAX_READINGS` readings."""
+    if interval_s <= 0:
+        readings: float = instances * requests
+        how = f"read at each of {requests} requests (--scrape-interval 0)"
+        fix = "set a --scrape-interval, or run fewer instances or requests"
+    else:
+        readings = instances * span_s / interval_s
+        how = f"read every {interval_s:g} s over {span_s:.3g} s of arrivals"
+        fix = "raise --scrape-interval or --rate, or run fewer instances"
+    if readings > MAX_READINGS:
+        raise BadFlag(
+            flag,
+            instances,
+            f"{instances} instances {how} come to {readings:.3g} readings, more than the "
+            f"{MAX_READINGS:.0e} a run may take (about 30 s of work); {fix}",
+            told=True,
         )
 
 

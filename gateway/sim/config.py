@@ -21,6 +21,10 @@ _INT_MINIMUMS = {
 # token is text of chars_per_token characters (real tokenizers average about 4).
 _INT_MAXIMUMS = {"chars_per_token": 100}
 _DURATIONS = ("prefill_s_per_token", "step_s", "step_s_per_seq")
+#: The longest each of them may be, in seconds: no model steps for a minute (real ones
+#: take milliseconds), and near 1e17 s a clock that adds a 0.25 s polling interval no
+#: longer moves, so a slip of the keyboard would never end.
+MAX_DURATION_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +97,12 @@ class SimConfig:
                 most = _INT_MAXIMUMS.get(field.name)
                 if most is not None and value > most:
                     raise ConfigError(field.name, value, f"must be an integer <= {most}")
-            elif field.name in _DURATIONS and (not finite(value) or value < 0):
-                raise ConfigError(field.name, value, "must be a finite number of seconds >= 0")
+            elif field.name in _DURATIONS and (
+                not finite(value) or not 0 <= value <= MAX_DURATION_S
+            ):
+                raise ConfigError(
+                    field.name, value, f"must be a number of seconds from 0 to {MAX_DURATION_S:g}"
+                )
         budget = self.max_num_batched_tokens
         if budget is not None and (
             not isinstance(budget, int) or isinstance(budget, bool) or budget < self.max_num_seqs

@@ -53,7 +53,9 @@ def report(result: RunResult) -> Report:
     ttft = sorted(_ms(o, "first_token_at") for o in done)
     e2e = sorted(_ms(o, "finished_at") for o in done)
     delay = sorted(_scheduling_delay_ms(o) for o in done)
-    gateway_wait = sorted(1000 * (o.handed_at - o.arrived_at) for o in done if o.handed_at)
+    gateway_wait = sorted(
+        1000 * (o.handed_at - o.arrived_at) for o in done if o.handed_at is not None
+    )
     tokens = sum(o.sequence.generated for o in done if o.sequence is not None)
     span = result.end_s if result.end_s > 0 else math.nan
     rejected = Counter(o.rejected for o in result.outcomes if o.rejected is not None)
@@ -78,14 +80,16 @@ def report(result: RunResult) -> Report:
         "tokens_per_sec": tokens / span,
         "preemption_count": result.preemptions,
         "scheduling_delay_p99_ms": percentile(delay, 99),
-        "gateway_wait_p99_ms": percentile(gateway_wait, 99) if gateway_wait else 0.0,
+        # like every figure below, NaN (null, and an objective not met) when nothing
+        # reached an instance: there is nothing to measure
+        "gateway_wait_p99_ms": percentile(gateway_wait, 99),
         "prefix_cache_hit_rate": (
             result.prefix_hit_tokens / result.prefix_query_tokens
             if result.prefix_query_tokens
-            else 0.0
+            else math.nan
         ),
         "instance_requests": list(counts),
-        "load_imbalance": max(counts) / mean_count if mean_count else 1.0,
+        "load_imbalance": max(counts) / mean_count if mean_count else math.nan,
         "duration_s": result.end_s,
     }
     tenants = sorted({o.request.tenant for o in result.outcomes})
@@ -130,14 +134,16 @@ def records(result: RunResult) -> list[dict[str, object]]:
 def check_records_path(path: str) -> None:
     """`BadFlag` when ``path`` (``--results-path``) cannot be written; else nothing changes:
     an existing file keeps its content until `write_records` has records for it (a run
-    that stops on a bad flag must not empty it), and a missing one is not left behind."""
-    existed = os.path.lexists(path)
+    that stops on a bad flag must not empty it), and a missing one is not left behind
+    (nor the missing target of a link)."""
+    target = os.path.realpath(path)
+    existed = os.path.lexists(target)
     try:
-        open(path, "a", encoding="utf-8").close()
+        open(target, "a", encoding="utf-8").close()
     except OSError as exc:
         raise BadFlag("--results-path", path, f"a writable file ({exc.strerror})") from None
     if not existed:
-        os.remove(path)
+        os.remove(target)
 
 
 def save_records(
@@ -146,7 +152,9 @@ def save_records(
     """`write_records` into the file at ``path``, whole or not at all: a regular file (or a
     new one) is written beside it and then moved into place, with the old file's mode, so
     that a failure (a full disk) leaves what was there before; anything else (a pipe,
-    ``/dev/stdout``) is written directly. Raises ``OSError``."""
+    ``/dev/stdout``) is written directly. A symbolic link is written through, as
+    ``open()`` would: its target gets the records, the link stays. Raises ``OSError``."""
+    path = os.path.realpath(path)
     if os.path.exists(path) and not os.path.isfile(path):
         with open(path, "w", encoding="utf-8") as sink:
             write_records(sink, flag, runs)
@@ -198,6 +206,10 @@ def parse_weights(text: str) -> dict[str, float]:
             weight = math.nan
         if not math.isfinite(weight) or weight <= 0:
             raise BadFlag("--fitness-weights", text, f"a weight above 0 for {name}")
+        if name in weights:
+            raise BadFlag(
+                "--fitness-weights", text, f"each name once; {name} is given twice", told=True
+            )
         weights[name] = weight
     return weights
 

@@ -119,6 +119,8 @@ def parse_slo(text: str) -> dict[str, float]:
             bound = math.nan
         if not math.isfinite(bound):
             raise BadFlag("--slo", text, f"a number as the bound of {name}")
+        if name in slo:  # the stricter or the looser one? a slip either way: say so
+            raise BadFlag("--slo", text, f"each figure once; {name} is given twice", told=True)
         slo[name] = bound
     return slo
 

@@ -62,6 +62,11 @@ MAX_REQUESTS = 1_000_000
 report (about 3 KB each; a million takes minutes and gigabytes)."""
 
 
+MAX_PROMPT_TOKENS = 250_000_000
+"""The most tokens the prompts of a run may add up to (a shared prefix counted in each
+prompt that starts with it): their text is built before the run, about 1 GB at most."""
+
+
 MAX_GROUPS = 100_000
 """The most shared-prefix groups: each group's prefix text is built before the run."""
 
@@ -159,30 +164,41 @@ class Workload:
         tenants = dict(self.tenants) if self.tenants else {"default": 1.0}
         names = list(tenants)
         weights = [tenants[n] for n in names]
-        prefixes = [
-            _text(f"prefix {seed}-{g}", self.prefix_tokens) for g in range(self.prefix_groups)
-        ]
         drawn = []
         now = 0.0
-        for index in range(self.num_requests):
+        for _ in range(self.num_requests):  # drawn first: the texts are built once checked
             now += rng.expovariate(self.rate)
             tenant = rng.choices(names, weights)[0] if len(names) > 1 else names[0]
             own = self.input_tokens.draw(rng)
             output = self.output_tokens.draw(rng)
             group = rng.randrange(self.prefix_groups) if self.prefix_tokens else None
-            prefix = prefixes[group] if group is not None else ""
-            drawn.append(
-                SimRequest(
-                    index=index,
-                    arrival_s=now,
-                    tenant=tenant,
-                    prompt=prefix + _text(f"request {seed}-{index}", own),
-                    prompt_tokens=self.prefix_tokens + own,
-                    output_tokens=output,
-                    group=group,
-                )
+            drawn.append((now, tenant, own, output, group))
+        total = sum(self.prefix_tokens + own for _, _, own, _, _ in drawn)
+        if total > MAX_PROMPT_TOKENS:
+            raise BadFlag(
+                "--num-requests",
+                self.num_requests,
+                f"prompts that add up to at most {MAX_PROMPT_TOKENS:,} tokens (their text "
+                f"is built before the run, {CHARS_PER_TOKEN} characters a token); these add "
+                f"up to {total:.3g}: fewer requests, or shorter --input-tokens or "
+                "--prefix-tokens",
+                told=True,
             )
-        return drawn
+        used = sorted({group for *_, group in drawn if group is not None})
+        prefixes = {g: _text(f"prefix {seed}-{g}", self.prefix_tokens) for g in used}
+        return [
+            SimRequest(
+                index=index,
+                arrival_s=arrival,
+                tenant=tenant,
+                prompt=(prefixes[group] if group is not None else "")
+                + _text(f"request {seed}-{index}", own),
+                prompt_tokens=self.prefix_tokens + own,
+                output_tokens=output,
+                group=group,
+            )
+            for index, (arrival, tenant, own, output, group) in enumerate(drawn)
+        ]
 
 
 def _text(label: str, tokens: int) -> str:

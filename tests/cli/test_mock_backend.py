@@ -53,6 +53,14 @@ def test_a_bad_flag_value_is_reported_under_the_flag_name(argv: tuple[str, str],
     assert caught.value.setting == flag
 
 
+def test_a_step_over_a_minute_is_refused_in_the_flags_unit() -> None:
+    """The bound is a minute of seconds in the config; the flag is in milliseconds."""
+    with pytest.raises(ConfigError) as caught:
+        mock_backend.config_from_args(parse("--step-ms", "100000"))
+    assert caught.value.setting == "--step-ms"
+    assert caught.value.expected == "must be a number of milliseconds from 0 to 60000"
+
+
 @pytest.mark.parametrize("port", ["0", "65536", "70000", "http"])
 def test_a_port_no_server_can_listen_on_is_refused_under_the_flag(
     port: str, capsys: pytest.CaptureFixture[str]

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from tests.cluster.pods import HOST, ServePod, free_port
 
@@ -111,13 +112,22 @@ def test_an_admin_port_in_use_stops_serve_with_one_line_naming_the_flag() -> Non
     )
 
 
-def test_a_host_that_does_not_resolve_is_one_line_naming_host() -> None:
-    """Not ``--port``: the name is what cannot be listened on (``.invalid`` never
-    resolves, RFC 6761)."""
-    done = serve_process("--port", str(free_port()), "--host", "nosuch.invalid")
+@pytest.mark.parametrize(
+    ("host", "fix"),
+    [
+        # .invalid never resolves (RFC 6761)
+        ("nosuch.invalid", "give --host an address or a name this machine resolves"),
+        # TEST-NET-1 (RFC 5737) is no address of this machine: it used to blame --port
+        ("192.0.2.1", "give --host an address of this machine"),
+    ],
+    ids=["unresolved", "not-ours"],
+)
+def test_a_host_that_cannot_be_listened_on_is_one_line_naming_host(host: str, fix: str) -> None:
+    """Not ``--port``: the host is what cannot be listened on."""
+    done = serve_process("--port", str(free_port()), "--host", host)
     assert done.returncode == 3
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
-    assert "give --host an address or a name this machine resolves" in done.stderr
+    assert fix in done.stderr and "--port" not in done.stderr
 
 
 def test_the_gateway_and_the_admin_api_on_one_port_are_refused() -> None:

@@ -113,6 +113,13 @@ def unknown_engine_key(tmp_path: Path) -> str:
     return str(path)
 
 
+def endless_step(tmp_path: Path) -> str:
+    """A step of 1e17 s: the virtual clock plus a 0.25 s polling interval stays put."""
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps({"model": "mine", "engine": {"step_s": 1e17}}))
+    return str(path)
+
+
 BAD_FLAGS: list[tuple[str, Any, list[str]]] = [
     ("--rate", "0", []),
     ("--num-requests", "0", []),
@@ -160,6 +167,17 @@ BAD_FLAGS: list[tuple[str, Any, list[str]]] = [
     ("--tenants", "a:1e308,b:1e308", ["add up to a finite number"]),
     ("--tenants", "", ["name:share"]),
     ("--tenants", "a\nb:1", ["name:share"]),
+    # this used to spin for good
+    ("--profile", endless_step, ["step_s", "from 0 to 60"]),
+    # which one was meant? these used to keep the last without a word
+    ("--slo", "ttft_p99_ms=1,ttft_p99_ms=100000", ["ttft_p99_ms is given twice"]),
+    ("--fitness-weights", "p99_ttft:1,p99_ttft:5", ["p99_ttft is given twice"]),
+    # these used to be accepted, and the run went on as if the flag were not given
+    ("--slo", "fitness=0.1", ["--fitness-weights"]),
+    ("--tenant-weights", "", ["empty"]),
+    ("--tenant-max-in-flight", " ", ["empty"]),
+    ("--tenant-weights", "gld:4", ["default", "'gld' is none of them"]),
+    ("--tenant-max-in-flight", "fre:2,*:4", ["default", "'fre' is none of them"]),
 ]
 
 
@@ -175,7 +193,8 @@ def test_a_bad_flag_exits_2_with_one_line_naming_it(
     stdout, and one line on stderr that names the flag and what it accepts, not a
     traceback."""
     given = value(tmp_path) if callable(value) else value
-    done = obleth_simulate("--num-requests=5", flag, given)  # the last --num-requests wins
+    few = [] if flag == "--num-requests" else ["--num-requests=5"]
+    done = obleth_simulate(*few, flag, given)
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert "Traceback" not in done.stderr
@@ -211,6 +230,90 @@ def test_a_bad_flag_leaves_an_existing_results_file_as_it_was(tmp_path: Path) ->
     fresh = tmp_path / "fresh.jsonl"
     done = obleth_simulate("--num-requests=5", f"--results-path={fresh}", "--policy=nope")
     assert done.returncode == 2 and not fresh.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "told"),
+    [
+        # the instances would be read 3.4e7 times over a day of arrivals: minutes
+        (["--num-instances=100", "--num-requests=2", "--rate=2.32e-5"], "--num-instances", []),
+        (["--num-instances=100", "--num-requests=2", "--sweep=rate=2.32e-5,1"], "--sweep", []),
+        (["--num-instances=10000", "--num-requests=2000", "--scrape-interval=0"],
+         "--num-instances", ["--scrape-interval 0"]),
+        # 3e8 tokens of prompt text, 1.2 GB built before the run
+        (["--num-requests=30", "--input-tokens=10000000"], "--num-requests", ["250,000,000"]),
+    ],
+    ids=["readings", "readings-in-a-sweep", "readings-at-each-request", "prompt-text"],
+)  # fmt: skip
+def test_flags_each_within_bounds_whose_product_is_not_exit_2_before_running(
+    argv: list[str], flag: str, told: list[str]
+) -> None:
+    """Each flag within its own bound, together they would run for minutes to hours or
+    fill the memory: refused at once, as a single flag out of bounds is."""
+    done = obleth_simulate(*argv)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"obleth: {flag} ")
+    for word in told:
+        assert word in line
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("--sweep=num-instances=1,2", "--sweep=rate=1,2"),
+        ("--rate=3", "--rate=2"),
+        ("--slo=ttft_p99_ms=1", "--slo=ttft_p99_ms=100000"),
+    ],
+    ids=["--sweep", "--rate", "--slo"],
+)
+def test_a_flag_given_twice_exits_2_naming_it(first: str, second: str) -> None:
+    """argparse keeps the last of a flag given twice (a sweep over rates only, the looser
+    objective); a report must answer for the value meant, so the command refuses, as it
+    does a bad value."""
+    done = obleth_simulate("--num-requests=5", first, second)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    name = first.split("=")[0]
+    assert done.stderr.splitlines()[-1].endswith(f"argument {name}: given twice; give it once")
+
+
+def test_figures_with_nothing_to_measure_are_null_and_meet_no_objective() -> None:
+    """No request reaches an instance (each prompt is longer than its KV cache): the gateway
+    wait, the prefix hit rate and the load imbalance have nothing to measure, so they are
+    null like the latencies, and an objective on them is not met; they used to read 0.0,
+    0.0 and 1.0, and a sweep could name a setting that served no one."""
+    done = obleth_simulate(
+        "--num-requests=20", "--total-kv-blocks=1", "--json",
+        "--slo=gateway_wait_p99_ms=10,load_imbalance=1.05",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["completed"] == 0
+    for figure in ("gateway_wait_p99_ms", "prefix_cache_hit_rate", "load_imbalance"):
+        assert report[figure] is None, figure
+    assert report["slo_met"] is False
+    done = obleth_simulate(
+        "--num-requests=20", "--sweep=total-kv-blocks=1,100", "--slo=gateway_wait_p99_ms=10"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith(
+        "smallest total-kv-blocks meeting gateway_wait_p99_ms=10: 100"
+    )
+
+
+def test_a_results_path_that_is_a_link_writes_its_target(tmp_path: Path) -> None:
+    """As ``open()`` and a shell's ``>`` do: the records go to the link's target and the
+    link stays a link (it used to be replaced by a file, the target left as it was)."""
+    target = tmp_path / "target.jsonl"
+    target.write_text("old\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target.name)
+    done = obleth_simulate("--num-requests=5", f"--results-path={link}")
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink()
+    assert [json.loads(line)["index"] for line in target.read_text().splitlines()] == list(range(5))
 
 
 @pytest.mark.parametrize("flag", ["--rate", "--num-instances", "--scrape-interval"])
