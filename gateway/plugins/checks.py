@@ -8,12 +8,15 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from gateway import hookspecs
-from gateway.core.tickets import MAX_TENANT_CHARS, PRIORITIES
+from gateway.core.tickets import MAX_TENANT_CHARS, PRIORITIES, Ticket, ticket
 from gateway.errors import PluginError
+from gateway.faults import PASSED_ON
 from gateway.protocols import Classification
+from gateway.settings import Settings
 
 #: the name under which plugins register and entry points are grouped
 ENTRY_POINT_GROUP: Final = "obleth"
@@ -86,6 +89,87 @@ def unusable(answer: object) -> str | None:
     if not isinstance(answer, Classification):
         return f"{answer!r}, not a Classification"
     tenant, priority, routing_key, session_id = answer
+    problem = _unusable_class(answer, tenant, priority)
+    if problem is not None:
+        return problem
+    if routing_key is not None and not isinstance(routing_key, bytes):
+        return f"{answer!r}: routing_key must be bytes or None"
+    if session_id is not None and not isinstance(session_id, str):
+        return f"{answer!r}: session_id must be a str or None"
+    return None
+
+
+def unusable_ticket(answer: object) -> str | None:
+    """What makes the answer of a classifier's header-only path (``HEADER_TICKETS``)
+    unusable, as ``unusable`` says of the hook's; a ticket holds one seat: a classifier
+    names a class, not a cost."""
+    if not isinstance(answer, Ticket):
+        return f"{answer!r}, not a Ticket"
+    tenant, priority, seats = answer
+    problem = _unusable_class(answer, tenant, priority)
+    if problem is None and (type(seats) is not int or seats != 1):
+        return f"{answer!r}: a classifier's ticket holds 1 seat"
+    return problem
+
+
+#: a classifier's header-only path: the ticket of the request with these raw ASGI headers
+HeaderTicket = Callable[[Iterable[tuple[bytes, bytes]]], Ticket]
+
+
+def header_tickets(
+    offer: Callable[[Settings], Any],
+    settings: Settings,
+    plugin: str,
+    distribution: str,
+    complain: Callable[[str], None] | None,
+) -> HeaderTicket:
+    """The header-only path that ``offer`` (a classifier's ``HEADER_TICKETS``) builds from
+    ``settings``; a ``PluginError`` naming ``plugin`` when it cannot. With ``complain``
+    (a third party's path), its answers are checked: see ``CheckedTickets``."""
+    try:
+        tickets: HeaderTicket = offer(settings).ticket
+    except PASSED_ON:
+        raise
+    except BaseException as exc:  # SystemExit too: a plugin's, not a way to stop
+        raise PluginError(
+            plugin,
+            f"its {hookspecs.HEADER_TICKETS} (the classifier's header-only path) could not be "
+            f"built from the settings: {exc!r}; fix it, or disable the plugin",
+            distribution=distribution,
+        ) from exc
+    if complain is None:
+        return tickets
+    default = ticket(settings.default_tenant, settings.default_priority)
+    return CheckedTickets(tickets, default, complain)
+
+
+class CheckedTickets:
+    """A third-party classifier's header-only path, its answers checked as the hook's
+    are: an unusable one is told to ``complain`` (which names the plugin) and the
+    request goes on with ``default``, never a 500 nor a ticket past the limit."""
+
+    __slots__ = ("_complain", "_default", "_tickets")
+
+    def __init__(
+        self,
+        tickets: Callable[[Iterable[tuple[bytes, bytes]]], Ticket],
+        default: Ticket,
+        complain: Callable[[str], None],
+    ) -> None:
+        self._tickets = tickets
+        self._default = default
+        self._complain = complain
+
+    def __call__(self, headers: Iterable[tuple[bytes, bytes]]) -> Ticket:
+        answer = self._tickets(headers)
+        problem = unusable_ticket(answer)
+        if problem is None:
+            return answer
+        self._complain(f"returned {problem}")
+        return self._default
+
+
+def _unusable_class(answer: object, tenant: object, priority: object) -> str | None:
     if not isinstance(tenant, str) or not tenant:
         return f"{answer!r}: the tenant must be a non-empty str"
     if len(tenant) > MAX_TENANT_CHARS:  # its repr would flood the log
@@ -94,14 +178,12 @@ def unusable(answer: object) -> str | None:
         return f"{answer!r}: the tenant must be printable (no control characters)"
     if priority not in PRIORITIES:
         return f"{answer!r}: the priority must be one of {', '.join(PRIORITIES)}"
-    if routing_key is not None and not isinstance(routing_key, bytes):
-        return f"{answer!r}: routing_key must be bytes or None"
-    if session_id is not None and not isinstance(session_id, str):
-        return f"{answer!r}: session_id must be a str or None"
     return None
 
 
-def load_problem(name: str, target: str, origin: tuple[str, str], error: Exception) -> PluginError:
+def load_problem(
+    name: str, target: str, origin: tuple[str, str], error: BaseException
+) -> PluginError:
     """The error of entry point ``name`` (``target``, from distribution ``origin``) whose
     import raised ``error``."""
     problem = PluginError(

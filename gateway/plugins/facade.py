@@ -22,13 +22,14 @@ import pluggy
 from gateway import builtin, hookspecs
 from gateway.builtin import DEFAULT_PLUGINS
 from gateway.complaints import Complaints
-from gateway.core.tickets import Ticket
 from gateway.errors import BadRequest, PluginError
 from gateway.faults import PASSED_ON
 from gateway.hookspecs import HEADER_TICKETS
 from gateway.plugins.checks import (
     ENTRY_POINT_GROUP,
+    HeaderTicket,
     dist_label,
+    header_tickets,
     hook_problems,
     load_problem,
     unusable,
@@ -43,7 +44,6 @@ from gateway.types import Scope
 log = logging.getLogger("obleth.plugins")
 
 #: raw ASGI headers to a ticket
-HeaderTicket = Callable[[Iterable[tuple[bytes, bytes]]], Ticket]
 
 
 @dataclass(frozen=True)
@@ -129,16 +129,14 @@ class Plugins:
         offer = getattr(impl.function, HEADER_TICKETS, None)
         if offer is None:
             return None
-        try:
-            tickets: HeaderTicket = offer(self.settings).ticket
-        except Exception as exc:
-            raise PluginError(
-                impl.plugin,
-                f"its {HEADER_TICKETS} (the classifier's header-only path) could not be built "
-                f"from the settings: {exc!r}; fix it, or disable the plugin",
-                distribution=self.distribution_of(impl.plugin),
-            ) from exc
-        return tickets
+        plugin = impl.plugin
+        where = f"{HEADER_TICKETS} of obleth_classify_request"
+        complain = functools.partial(self._complain, plugin, where)
+        trusted = plugin in self._builtins  # ours: its answers need no check per request
+        distribution = self.distribution_of(plugin)
+        return header_tickets(
+            offer, self.settings, plugin, distribution, None if trusted else complain
+        )
 
     def header_ticket_failed(self) -> None:
         """Log that the header-only classification (``header_ticket``) raised, naming its
@@ -179,7 +177,9 @@ class Plugins:
             origin = (dist.name, dist.version) if dist is not None else ("unknown", "")
             try:
                 plugin = entry_point.load()
-            except Exception as exc:
+            except PASSED_ON:
+                raise
+            except BaseException as exc:  # a sys.exit() at import is a fault, not a stop
                 problems.append(load_problem(entry_point.name, entry_point.value, origin, exc))
                 continue
             try:
@@ -221,6 +221,8 @@ class Plugins:
         collectors = [
             (impl.plugin, functools.partial(impl, {})) for impl in self._impls(COLLECTORS[kind])
         ]
+        # the built-ins' offers first: a plugin offering one of their names is the one told
+        collectors.sort(key=lambda collector: collector[0] not in self._builtins)
         return collect(kind, collectors, problem, self.distribution_of)
 
     def _impls(self, hook: str) -> list[_Impl]:

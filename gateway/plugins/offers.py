@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
 from gateway.errors import ConfigError, PluginError
+from gateway.faults import PASSED_ON
 from gateway.plugins.checks import NAME
 from gateway.protocols import (
     CapacityProvider,
@@ -64,7 +65,9 @@ def collect(
     for plugin, call in collectors:
         try:
             offered = call()
-        except Exception as exc:
+        except PASSED_ON:
+            raise
+        except BaseException as exc:  # SystemExit too: see gateway.faults
             problem(plugin, f"{hook}() raised {type(exc).__name__}: {exc}").__cause__ = exc
             continue
         if offered is None:
@@ -110,7 +113,9 @@ def build(
         built = offer.factory(settings)
     except (ConfigError, PluginError):
         raise
-    except Exception as exc:
+    except PASSED_ON:
+        raise
+    except BaseException as exc:  # SystemExit too: see gateway.faults
         raise PluginError(
             offer.plugin,
             f"the factory of {kind} {name!r} raised {type(exc).__name__}: {exc}",

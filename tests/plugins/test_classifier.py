@@ -269,6 +269,54 @@ def test_a_header_only_path_that_raises_is_named_and_the_request_goes_on(
         Plugins(settings, extra=[Team()], entry_points=False)
 
 
+def test_a_header_only_path_answering_what_the_gate_cannot_use_is_named_and_ignored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A third party's header-only path is checked as the hook is: ``None``, a bare tuple,
+    an unknown priority or a ticket of 0 seats (which would pass the global limit) is
+    logged under the plugin's name, and the request goes on in the default class. They
+    used to end in a 500 with a traceback, or be admitted past the limit."""
+
+    answers: dict[bytes, object] = {
+        b"none": None,
+        b"tuple": ("red", "critical", 1),
+        b"urgent": make_ticket("red", "urgent"),  # type: ignore[arg-type]
+        b"free": make_ticket("red", "critical", 0),
+        b"good": make_ticket("red", "critical"),
+    }
+
+    class Sloppy:
+        def __init__(self, settings: Settings) -> None:
+            pass
+
+        def ticket(self, headers: Headers) -> object:
+            return answers[dict(headers)[b"x-team"]]
+
+    class Team:
+        @hookimpl
+        def obleth_classify_request(self) -> None:
+            return None
+
+    setattr(Team.obleth_classify_request, HEADER_TICKETS, Sloppy)
+    settings = Settings(disable_plugins=("classifier",), default_tenant="nobody")
+    app = GatewayMiddleware(echo_tenant, settings, plugins=[Team()])
+
+    async def each() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            got = [await client.get("/", headers={"x-team": team.decode()}) for team in answers]
+        await app.gateway.stop()
+        return got
+
+    with caplog.at_level("ERROR", logger="obleth"):
+        got = asyncio.run(each())
+    assert [(a.status_code, a.text) for a in got] == [(200, "nobody")] * 4 + [(200, "red")]
+    [record] = [r for r in caplog.records if "header_tickets" in r.getMessage()]
+    assert "plugin 'Team-0'" in record.getMessage()  # once a minute, the first of them
+    assert "returned None, not a Ticket" in record.getMessage()
+    assert app.gateway.scheduler.admitted == app.gateway.scheduler.released == 5
+
+
 async def echo_tenant(scope: dict, receive: object, send: Callable) -> None:
     """An app answering the tenant the gateway admitted the request as."""
     body = scope["state"]["obleth"]["tenant"].encode()

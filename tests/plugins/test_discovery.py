@@ -72,6 +72,12 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def exiting_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where obleth-exiting-plugin is installed, apart as well."""
+    return _install(DISTS / "obleth-exiting-plugin", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def misspelled_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where obleth-misspelled-hook is installed, apart as well."""
     return _install(DISTS / "obleth-misspelled-hook", tmp_path_factory)
@@ -236,6 +242,21 @@ def test_broken_plugin_is_named_with_its_distribution(
     assert "obleth_missing_dependency" in message
     assert "OBLETH_DISABLE_PLUGINS=broken" in message
     assert len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [("plugins",), ("demo", "--duration", "1")])
+def test_a_plugin_that_calls_sys_exit_at_import_is_named_not_obeyed(
+    exiting_site: Path, command: tuple[str, ...]
+) -> None:
+    """``sys.exit()`` in a plugin's module used to end ``obleth plugins`` (and ``serve``,
+    ``demo``) silently with status 0; it is a plugin that fails to load like any other."""
+    result = _obleth(*command, sites=[exiting_site])
+
+    assert result.returncode == 2
+    assert result.stdout == ""
+    message = result.stderr.strip()
+    assert message.startswith("obleth: plugin 'exiting' (from distribution obleth-exiting-plugin")
+    assert "SystemExit" in message and "OBLETH_DISABLE_PLUGINS=exiting" in message
 
 
 def test_every_broken_plugin_is_named_in_one_error(

@@ -1,0 +1,1 @@
+"""A deliberately broken Obleth plugin; importing ``.plugin`` calls ``sys.exit()``."""
