@@ -35,12 +35,21 @@ def read_environ(environ: Mapping[str, str], specs: Mapping[str, Spec]) -> dict[
         if spec is None:
             if owned is None:
                 owned = plugin_prefixes()
-            if key.startswith(owned):
+            if key.startswith(owned) and not _slip_of_a_setting(key, owned, specs):
                 continue  # the plugin's own setting: the plugin reads it
             raise unknown_setting(key, text, [known.env for known in specs.values()])
         if text.strip() or spec.parse in READS_BLANK:
             values[spec.name] = spec.parse(key, text)
     return values
+
+
+def _slip_of_a_setting(key: str, owned: tuple[str, ...], specs: Mapping[str, Spec]) -> bool:
+    """Whether ``key``, under a plugin's prefix, is all but the name of one of Obleth's
+    own settings under that prefix too: a plugin named ``tenant`` must not turn
+    ``OBLETH_TENANT_HEADRE`` into its own variable, and ``tenant_header`` silently off."""
+    prefix = next(p for p in owned if key.startswith(p))
+    ours = [spec.env for spec in specs.values() if spec.env.startswith(prefix)]
+    return bool(ours) and bool(difflib.get_close_matches(key, ours, n=1, cutoff=0.9))
 
 
 def plugin_prefixes() -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import overload
 
 from gateway.errors import ConfigError
-from gateway.settings.environ import plugin_prefixes, unknown_setting
+from gateway.settings.environ import ENV_PREFIX, plugin_prefixes, unknown_setting
 
 
 class PluginKnobs:
@@ -88,12 +88,16 @@ class PluginKnobs:
         for (``OBLETH_KV_PRESSURE_HIHG``) is a ``ConfigError`` suggesting the closest
         name, as a typo in Obleth's own variables is. Variables of another installed
         plugin whose name extends this one's (``OBLETH_KV_`` and ``OBLETH_KV_PRESSURE_``)
-        are that plugin's."""
+        are that plugin's, and so are Obleth's own settings (``OBLETH_TENANT_HEADER``
+        under a plugin named ``tenant``)."""
+        from gateway.settings.fields import setting_names  # a cycle at import time
+
         prefix = self.prefix
         others = tuple(p for p in plugin_prefixes() if p != prefix and p.startswith(prefix))
         known = sorted(prefix + name for name in self._asked)
+        core = {ENV_PREFIX + name.upper() for name in setting_names()}
         for key, value in self._environ.items():
-            ours = key.startswith(prefix) and not key.startswith(others)
+            ours = key.startswith(prefix) and not key.startswith(others) and key not in core
             if ours and key[len(prefix) :] not in self._asked:
                 raise unknown_setting(key, value, known)
 

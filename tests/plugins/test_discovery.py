@@ -78,6 +78,12 @@ def exiting_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tenant_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where obleth-tenant-quota (entry point ``tenant``) is installed."""
+    return _install(DISTS / "obleth-tenant-quota", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def misspelled_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where obleth-misspelled-hook is installed, apart as well."""
     return _install(DISTS / "obleth-misspelled-hook", tmp_path_factory)
@@ -257,6 +263,26 @@ def test_a_plugin_that_calls_sys_exit_at_import_is_named_not_obeyed(
     message = result.stderr.strip()
     assert message.startswith("obleth: plugin 'exiting' (from distribution obleth-exiting-plugin")
     assert "SystemExit" in message and "OBLETH_DISABLE_PLUGINS=exiting" in message
+
+
+def test_a_plugin_named_like_a_group_of_settings_leaves_them_to_obleth(tenant_site: Path) -> None:
+    """A plugin named ``tenant`` reads ``OBLETH_TENANT_*``, where Obleth's own
+    ``OBLETH_TENANT_HEADER`` lives too: a typo of that setting is still an error (it used
+    to be left to the plugin, and ``tenant_header`` silently unset), and the plugin's own
+    check of its variables does not take the setting for a typo of its own."""
+    typo = _obleth("plugins", sites=[tenant_site], env={"OBLETH_TENANT_HEADRE": "x-tenant"})
+    assert typo.returncode == 2
+    assert typo.stderr.startswith("obleth: OBLETH_TENANT_HEADRE='x-tenant': no such setting")
+    assert "did you mean OBLETH_TENANT_HEADER?" in typo.stderr
+
+    env = {
+        "OBLETH_CAPACITY_PROVIDERS": "static,tenant-quota",
+        "OBLETH_GLOBAL_MAX_IN_FLIGHT": "10",
+        "OBLETH_TENANT_HEADER": "x-tenant",
+        "OBLETH_TENANT_MAX_IN_FLIGHT": "4",
+        "OBLETH_TENANT_QUOTA_SHARE": "0.3",
+    }
+    assert _effective_limits([tenant_site], env) == [3]
 
 
 def test_every_broken_plugin_is_named_in_one_error(

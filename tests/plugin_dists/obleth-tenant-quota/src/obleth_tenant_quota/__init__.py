@@ -1,0 +1,1 @@
+"""An Obleth plugin named ``tenant``: its variables are ``OBLETH_TENANT_*``."""
