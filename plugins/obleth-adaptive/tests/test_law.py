@@ -86,6 +86,18 @@ def test_after_the_first_probe_an_initial_limit_applies_when_set() -> None:
     assert run.law.limit() == 16
 
 
+def test_a_floor_or_an_initial_limit_above_the_ceiling_stops_at_the_ceiling() -> None:
+    """The operator's limit wins over ``FLOOR`` and ``INITIAL`` set above it (a floor of
+    100 under a ceiling of 64 used to hold the limit at 100), while probing, after the
+    probe, and after a cut."""
+    run = Run(floor=100, probe_limit=3)
+    assert run.law.limit() == 64
+    run.feed(0.1, run.law.knobs.probe_samples)
+    assert run.law.limit() == 64
+    assert run.windows(0.8, 1) == [64]
+    assert probed(initial=1000).law.limit() == 64
+
+
 def test_before_any_cut_flat_first_bytes_grow_the_limit_by_its_square_root() -> None:
     """At the no-load time, a limit in use that was never cut grows by its square root
     each window: fast while small, then gently."""

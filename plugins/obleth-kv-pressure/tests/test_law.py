@@ -65,6 +65,14 @@ def test_it_never_leaves_the_floor_or_the_operators_ceiling() -> None:
     assert (at_top.limit, at_top.reason) == (60, "hold: at the operator's limit")
 
 
+def test_a_floor_above_the_operators_ceiling_stops_at_the_ceiling() -> None:
+    """The operator's limit wins: a ``FLOOR`` of 100 under a ceiling of 64 used to hold
+    the computed limit at 100, over the ceiling."""
+    law = Law(Knobs(floor=100))
+    assert law.next(100, 64, signals(preemptions=1), 0).limit == 64
+    assert law.next(100, 64, signals(kv=0.3, serving=100), 0).limit == 64
+
+
 def test_without_kv_figures_preemptions_and_queues_still_steer_it() -> None:
     assert LAW.next(100, 200, signals(kv=None, preemptions=2), 0).limit == 70
     assert LAW.next(100, 200, signals(kv=None, serving=100), 0).limit == 105

@@ -38,6 +38,15 @@ def test_before_any_round_it_admits_the_operators_limit() -> None:
     assert wired(initial=16)[0].max_in_flight() == 16
 
 
+def test_an_initial_limit_or_a_floor_above_the_ceiling_starts_at_the_ceiling() -> None:
+    """``INITIAL`` 1000 or ``FLOOR`` 100 under an operator's limit of 64: the provider
+    answers 64 (it used to answer 1000 and 100 on status and /metrics)."""
+    assert wired(initial=1000, ceiling=64)[0].max_in_flight() == 64
+    floored = KvPressureLimit(Knobs(floor=100))
+    floored.use_ceiling(lambda: 64)
+    assert floored.max_in_flight() == 64
+
+
 def test_a_rise_of_the_preemption_counter_cuts_and_is_announced() -> None:
     provider, readings = wired()
     told: list[int] = []

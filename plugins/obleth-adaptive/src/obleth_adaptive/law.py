@@ -104,9 +104,9 @@ class Law:
     within ``probe_timeout_s`` ends with those it has (the old baseline stays if it has
     none); the first probe waits as long as it takes.
 
-    The limit always lies between ``floor`` and the larger of ``floor`` and ``ceiling()``,
-    the operator's limit now. ``in_use(limit)`` says whether the backends serve enough of
-    ``limit`` for growth to mean something.
+    The limit always lies between ``floor`` and ``ceiling()``, the operator's limit now,
+    which wins over a floor set above it. ``in_use(limit)`` says whether the backends
+    serve enough of ``limit`` for growth to mean something.
     """
 
     def __init__(
@@ -137,10 +137,9 @@ class Law:
     # -- reading the law --------------------------------------------------------------------
 
     def limit(self) -> int:
-        """The limit now, between the floor and the ceiling."""
-        floor = self.knobs.floor
+        """The limit now, between the floor and the ceiling (the ceiling wins)."""
         value = self._limit if self._limit is not None else self.knobs.probe_limit
-        return max(floor, min(int(value), self.ceiling()))
+        return min(max(self.knobs.floor, int(value)), self.ceiling())
 
     @property
     def probing(self) -> bool:
@@ -186,8 +185,8 @@ class Law:
         self._window.clear()
         assert self._limit is not None
         assert self.baseline is not None
-        floor = knobs.floor
-        top = max(floor, self.ceiling())
+        top = self.ceiling()
+        floor = min(knobs.floor, top)  # the operator's limit wins over the floor
         current = min(max(self._limit, float(floor)), float(top))
         ratio = short / self.baseline if self.baseline > 0 else math.inf if short > 0 else 1.0
         grow_within = knobs.tolerance if knobs.grow_within is None else knobs.grow_within
@@ -252,7 +251,7 @@ class Law:
         elif knobs.initial is not None:
             self._limit = float(knobs.initial)
         else:
-            self._limit = float(max(knobs.floor, self.ceiling()))
+            self._limit = float(self.ceiling())
         self._probe = None
         self._since = now
         self._window.clear()

@@ -65,7 +65,8 @@ class Law:
       load back): the limit grows by one, or by a twentieth of itself when that is more.
     - Otherwise, and whenever no backend has a fresh reading, it holds.
 
-    The result always lies between ``floor`` and ``ceiling`` (the operator's limit).
+    The result always lies between ``floor`` and ``ceiling`` (the operator's limit), and
+    the ceiling wins over a floor set above it.
     """
 
     def __init__(self, knobs: Knobs) -> None:
@@ -73,8 +74,8 @@ class Law:
 
     def next(self, limit: int, ceiling: int, signals: Signals, cooling: int) -> Decision:
         knobs = self.knobs
-        top = max(knobs.floor, ceiling)
-        limit = min(max(limit, knobs.floor), top)
+        floor = min(knobs.floor, ceiling)  # the operator's limit wins over the floor
+        limit = min(max(limit, floor), ceiling)
         if signals.fresh == 0:
             return Decision(limit, "hold: no fresh reading from any backend", cooling)
         kv = signals.kv_usage
@@ -87,7 +88,7 @@ class Law:
             )
             if cooling > 0:
                 return Decision(limit, f"hold: {why}, cooling down", cooling - 1)
-            cut = max(knobs.floor, math.floor(limit * knobs.decrease))
+            cut = max(floor, math.floor(limit * knobs.decrease))
             return Decision(cut, f"decrease: {why}", knobs.cooldown_rounds)
         cooling = max(0, cooling - 1)
         roomy = kv is None or kv < knobs.low
@@ -98,7 +99,7 @@ class Law:
             return Decision(limit, "hold: backends keep requests waiting", cooling)
         if not roomy:
             return Decision(limit, f"hold: KV usage {kv:.2f} between the marks", cooling)
-        if limit >= top:
+        if limit >= ceiling:
             return Decision(limit, "hold: at the operator's limit", cooling)
-        grown = min(top, limit + max(1, limit // 20))
+        grown = min(ceiling, limit + max(1, limit // 20))
         return Decision(grown, "increase: backends have room and the limit is in use", cooling)

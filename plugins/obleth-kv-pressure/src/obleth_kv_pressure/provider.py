@@ -42,7 +42,7 @@ class KvPressureLimit:
 
     def max_in_flight(self) -> int:
         if self._limit is None:
-            return max(self.law.knobs.floor, self._ceiling())
+            return self._ceiling()
         return self._limit
 
     def subscribe(self, callback: Callable[[], None]) -> None:
@@ -50,6 +50,8 @@ class KvPressureLimit:
 
     def use_ceiling(self, ceiling: Callable[[], int]) -> None:
         self._ceiling = ceiling
+        if self._limit is not None:  # an INITIAL above the operator's limit starts at it
+            self._limit = min(self._limit, ceiling())
 
     def use_readings(self, readings: Readings) -> None:
         self._readings = readings
