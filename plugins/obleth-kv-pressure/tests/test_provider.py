@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from gateway import ConfigError, Reading, Readings
+from gateway import ConfigError, Gateway, Reading, Readings, Settings
 
 from obleth_kv_pressure import Knobs, KvPressureLimit
 from obleth_kv_pressure.plugin import knobs_from
@@ -102,6 +102,15 @@ def test_a_misspelt_knob_is_an_error_naming_the_right_one() -> None:
     assert str(caught.value).startswith(
         "OBLETH_KV_PRESSURE_HIHG='0.5': no such setting; did you mean OBLETH_KV_PRESSURE_HIGH?"
     )
+
+
+def test_selected_without_upstreams_it_stops_startup_saying_why() -> None:
+    """Without upstreams the gateway polls no backend: kv-pressure would hold the
+    operator's limit for good, unseen. Startup stops, naming what to set."""
+    with pytest.raises(ConfigError) as caught:
+        Gateway(Settings(capacity_providers=["static", "kv-pressure"]))
+    assert str(caught.value).startswith("capacity_providers='static,kv-pressure': kv-pressure")
+    assert "set upstreams (OBLETH_UPSTREAMS)" in str(caught.value)
 
 
 def test_knobs_come_from_the_environment_and_bad_ones_are_named() -> None:

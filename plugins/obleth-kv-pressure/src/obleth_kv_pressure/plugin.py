@@ -43,6 +43,13 @@ def knobs_from(environ: Mapping[str, str]) -> tuple[Knobs, int | None]:
 
 
 def build(settings: Settings) -> KvPressureLimit:
+    if not settings.upstreams:  # no poller, no readings: it would never move
+        raise settings.error(
+            "capacity_providers",
+            ",".join(settings.capacity_providers),
+            "kv-pressure reads the backends' metrics, which the gateway polls only when "
+            "upstreams are set: set upstreams (OBLETH_UPSTREAMS), or leave kv-pressure out",
+        )
     knobs, initial = knobs_from(os.environ)
     return KvPressureLimit(knobs, initial)
 
