@@ -64,7 +64,7 @@ class Flight:
         "seats",
         "send",
         "span",
-        "started",
+        "status",
         "ticket",
     )
 
@@ -84,8 +84,8 @@ class Flight:
         self.decision: Decision | None = None
         #: the admission span, while the process traces and the gate has not answered
         self.span: Span | None = None
-        #: whether the app began its response through ``send`` (``_send``)
-        self.started = False
+        #: the status of the response the app began through ``send`` (``_send``); 0 before
+        self.status = 0
 
     async def run(self) -> None:
         plan = self.plan
@@ -170,8 +170,9 @@ class Flight:
         except asyncio.CancelledError:
             outcome = tallies.CANCELLED
             raise
-        except Exception as exc:  # the app failed, unless its client had left
-            if client_left(exc, self.body):
+        except Exception as exc:  # the app failed, unless its client left mid-response:
+            # the response unfinished, or a 5xx its failure sent (Starlette's error page)
+            if (self._holds_seats or self.status >= 500) and client_left(exc, self.body):
                 outcome = tallies.CANCELLED
             raise
         finally:
@@ -292,7 +293,7 @@ class Flight:
             if not message.get("more_body", False):
                 self._land()
         elif kind == "http.response.start":
-            self.started = True
+            self.status = message["status"]
             if self.decision is None or not self.plan.names_upstream:
                 return self.send(message)
             message = naming_upstream(message, self.decision)

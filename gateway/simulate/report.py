@@ -136,14 +136,13 @@ def check_records_path(path: str) -> None:
     an existing file keeps its content until `write_records` has records for it (a run
     that stops on a bad flag must not empty it), and a missing one is not left behind
     (nor the missing target of a link)."""
-    target = os.path.realpath(path)
-    existed = os.path.lexists(target)
+    existed = os.path.exists(path)  # through a link, as open() goes
     try:
-        open(target, "a", encoding="utf-8").close()
+        open(path, "a", encoding="utf-8").close()
     except OSError as exc:
         raise BadFlag("--results-path", path, f"a writable file ({exc.strerror})") from None
     if not existed:
-        os.remove(target)
+        os.remove(os.path.realpath(path))
 
 
 def save_records(
@@ -151,11 +150,11 @@ def save_records(
 ) -> None:
     """`write_records` into the file at ``path``, whole or not at all: a regular file (or a
     new one) is written beside it and then moved into place, with the old file's mode, so
-    that a failure (a full disk) leaves what was there before; anything else (a pipe,
-    ``/dev/stdout``) is written directly. A symbolic link is written through, as
-    ``open()`` would: its target gets the records, the link stays. Raises ``OSError``."""
-    path = os.path.realpath(path)
-    if os.path.exists(path) and not os.path.isfile(path):
+    that a failure (a full disk) leaves what was there before. Anything else is written
+    through ``open()``: a pipe, and a symbolic link, whose target gets the records while
+    the link stays (``/dev/stdout`` is one: to a pipe or to the file the shell opened for
+    the report). Raises ``OSError``."""
+    if os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)):
         with open(path, "w", encoding="utf-8") as sink:
             write_records(sink, flag, runs)
         return

@@ -52,6 +52,11 @@ def scope_of(
             if unprefixed is None or not value:
                 continue
             name = unprefixed
+        if name == b"content-length":
+            length = content_length(environ)
+            if length is None:
+                continue  # as an ASGI server would have refused it: none is declared
+            value = str(length)
         encoded = value.encode("latin-1")
         if name in unfold and b"," in encoded:
             headers.extend((name, part.strip()) for part in encoded.split(b","))
@@ -91,14 +96,13 @@ def body_ahead(environ: WSGIEnvironment, limit: int) -> list[Message]:
       connection): the flight counts the request ``abandoned`` and never admits it on a
       partial prompt.
     """
-    try:
-        length: int | None = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
+    length = content_length(environ)
     if length is not None and length > limit:
-        return []
+        return []  # the scope declares the same length (scope_of): the flight refuses it
     if not length and environ.get("wsgi.input_terminated"):
         length = None  # chunked: read to the end of the stream
+    elif length is None:
+        length = 0
     stream = environ["wsgi.input"]
     wanted = limit + 1 if length is None else length
     chunks = []
@@ -121,6 +125,17 @@ def body_ahead(environ: WSGIEnvironment, limit: int) -> list[Message]:
         return [_part(body, more=True)]
     environ["wsgi.input"] = io.BytesIO(body)
     return [_part(body, more=False)]
+
+
+def content_length(environ: WSGIEnvironment) -> int | None:
+    """``CONTENT_LENGTH`` as a number of bytes; None when absent, or no whole number of
+    at least 0. The one reading of it, for the body read ahead and for the scope the
+    flight checks the declared length in, so that the two never disagree."""
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or "")
+    except ValueError:
+        return None
+    return length if length >= 0 else None
 
 
 def _part(body: bytes, *, more: bool) -> Message:

@@ -391,6 +391,32 @@ def test_an_app_that_raises_because_its_client_left_counts_cancelled(watched: bo
     run(scenario)
 
 
+def test_an_app_that_raises_after_its_whole_response_counts_error_not_cancelled() -> None:
+    """Once the response is whole, the server answers ``receive()`` with a disconnect
+    though no client left; an app (a task of its own after the response) that then fails
+    failed: ``error``, not ``cancelled``, with the flight watching ``receive()``."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"done"})
+        await receive()  # the server's disconnect, after the last chunk
+        raise RuntimeError("the app's own failure after its response")
+
+    async def scenario() -> None:
+        finished = Finished()
+        gw = GatewayMiddleware(app, Settings(), plugins=[finished])
+        async with serve_in_task(gw) as server, httpx.AsyncClient(trust_env=False) as http:
+            answer = await http.get(f"{server.url}/v1/x")
+            for _ in range(500):  # the app raises after the answer: bounded wait
+                if finished.outcomes:
+                    break
+                await asyncio.sleep(0.01)
+        assert answer.text == "done"
+        assert finished.outcomes == ["error"]
+
+    run(scenario)
+
+
 def test_json_body_over_the_bound_gets_413_with_a_json_error() -> None:
     """A JSON body larger than max_body_bytes is refused before admission, with a reason."""
 

@@ -314,6 +314,20 @@ def test_a_results_path_that_is_a_link_writes_its_target(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
     assert link.is_symlink()
     assert [json.loads(line)["index"] for line in target.read_text().splitlines()] == list(range(5))
+    dangling = tmp_path / "dangling.jsonl"
+    dangling.symlink_to("nowhere.jsonl")
+    done = obleth_simulate("--num-requests=5", f"--results-path={dangling}", "--policy=nope")
+    assert done.returncode == 2 and not (tmp_path / "nowhere.jsonl").exists()
+
+
+def test_records_go_to_stdout_through_a_pipe() -> None:
+    """``--results-path /dev/stdout`` with stdout a pipe (``| jq``): the records, then the
+    report. (Resolving the link to its target named a pipe no path reaches.)"""
+    done = obleth_simulate("--num-requests=3", "--results-path=/dev/stdout")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [json.loads(line)["index"] for line in lines[:3]] == [0, 1, 2]
+    assert any(line.startswith("completed") for line in lines[3:])
 
 
 @pytest.mark.parametrize("flag", ["--rate", "--num-instances", "--scrape-interval"])

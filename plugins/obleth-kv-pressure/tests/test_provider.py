@@ -47,6 +47,18 @@ def test_an_initial_limit_or_a_floor_above_the_ceiling_starts_at_the_ceiling() -
     assert floored.max_in_flight() == 64
 
 
+def test_initial_follows_a_ceiling_that_rises_after_wiring() -> None:
+    """In cluster mode the pool's ceiling (set by ``PUT /api/v1/capacity``) reaches a pod
+    only once it started, after the provider was wired to the static limit: ``INITIAL``
+    256 under 64, then 512, is 256, not 64 kept for good."""
+    ceiling = [64]
+    provider = KvPressureLimit(Knobs(), 256)
+    provider.use_ceiling(lambda: ceiling[0])
+    assert provider.max_in_flight() == 64
+    ceiling[0] = 512
+    assert provider.max_in_flight() == 256
+
+
 def test_a_rise_of_the_preemption_counter_cuts_and_is_announced() -> None:
     provider, readings = wired()
     told: list[int] = []

@@ -41,17 +41,18 @@ class KvPressureLimit:
     # -- what the gateway calls -----------------------------------------------------------
 
     def max_in_flight(self) -> int:
-        if self._limit is None:
+        limit = self._limit
+        if limit is None:
             return self._ceiling()
-        return self._limit
+        if self.last is None:  # INITIAL, before the first round: never above the ceiling
+            return min(limit, self._ceiling())
+        return limit
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         self._subscribers.append(callback)
 
     def use_ceiling(self, ceiling: Callable[[], int]) -> None:
         self._ceiling = ceiling
-        if self._limit is not None:  # an INITIAL above the operator's limit starts at it
-            self._limit = min(self._limit, ceiling())
 
     def use_readings(self, readings: Readings) -> None:
         self._readings = readings
