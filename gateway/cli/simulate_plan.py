@@ -50,7 +50,13 @@ def plan_of(args: argparse.Namespace) -> Plan:
     if not math.isfinite(args.scrape_interval) or args.scrape_interval < 0:
         raise BadFlag("--scrape-interval", args.scrape_interval, "seconds, 0 or more")
     span = args.num_requests / rate
-    _readings_bounded("--num-instances", instances, span, args.scrape_interval, args.num_requests)
+    # named: the instances, if given, else the interval (the fix names every flag in it)
+    flag, value = (
+        ("--num-instances", instances)
+        if args.num_instances is not None
+        else ("--scrape-interval", args.scrape_interval)
+    )
+    _readings_bounded(flag, value, instances, span, args.scrape_interval, args.num_requests)
     workload = Workload(
         rate=rate,
         num_requests=args.num_requests,
@@ -181,12 +187,15 @@ def with_value(plan: Plan, flag: str, value: float) -> Plan:
     requests = plan.workload.num_requests
     if flag == "num-instances":
         span = requests / plan.workload.rate
-        _readings_bounded("--sweep", int(value), span, plan.scrape_interval_s, requests)
+        swept = f"{flag}={value:g}"
+        _readings_bounded("--sweep", swept, int(value), span, plan.scrape_interval_s, requests)
         return replace(plan, num_instances=int(value))
     if flag == "rate":
         _arrive_within_a_day("--sweep", value, requests)
         span = requests / value
-        _readings_bounded("--sweep", plan.num_instances, span, plan.scrape_interval_s, requests)
+        instances = plan.num_instances
+        swept = f"{flag}={value:g}"
+        _readings_bounded("--sweep", swept, instances, span, plan.scrape_interval_s, requests)
         return replace(plan, workload=replace(plan.workload, rate=value))
     return replace(plan, gateway={**plan.gateway, "global_max_in_flight": int(value)})
 
@@ -216,11 +225,11 @@ over a day of arrivals would take hours."""
 
 
 def _readings_bounded(
-    flag: str, instances: int, span_s: float, interval_s: float, requests: int
+    flag: str, value: object, instances: int, span_s: float, interval_s: float, requests: int
 ) -> None:
-    """`BadFlag` (naming ``flag``) when ``instances`` read every ``interval_s`` over
-    ``span_s`` seconds of arrivals (or at each of ``requests`` decisions when the
-    interval is 0) would be more than `MAX_READINGS` readings."""
+    """`BadFlag` (naming ``flag``, given ``value``) when ``instances`` read every
+    ``interval_s`` over ``span_s`` seconds of arrivals (or at each of ``requests``
+    decisions when the interval is 0) would be more than `MAX_READINGS` readings."""
     if interval_s <= 0:
         readings: float = instances * requests
         how = f"read at each of {requests} requests (--scrape-interval 0)"
@@ -232,7 +241,7 @@ def _readings_bounded(
     if readings > MAX_READINGS:
         raise BadFlag(
             flag,
-            instances,
+            value,
             f"{instances} instances {how} come to {readings:.3g} readings, more than the "
             f"{MAX_READINGS:.0e} a run may take (about 30 s of work); {fix}",
             told=True,

@@ -237,13 +237,23 @@ def test_a_bad_flag_leaves_an_existing_results_file_as_it_was(tmp_path: Path) ->
     [
         # the instances would be read 3.4e7 times over a day of arrivals: minutes
         (["--num-instances=100", "--num-requests=2", "--rate=2.32e-5"], "--num-instances", []),
-        (["--num-instances=100", "--num-requests=2", "--sweep=rate=2.32e-5,1"], "--sweep", []),
+        (["--num-instances=100", "--num-requests=2", "--sweep=rate=2.32e-5,1"], "--sweep",
+         ["'rate=2.32e-05'"]),
+        # one instance, but read every millisecond: the flag named is the interval
+        (["--num-requests=100000", "--rate=2", "--scrape-interval=0.001"], "--scrape-interval",
+         []),
         (["--num-instances=10000", "--num-requests=2000", "--scrape-interval=0"],
          "--num-instances", ["--scrape-interval 0"]),
         # 3e8 tokens of prompt text, 1.2 GB built before the run
         (["--num-requests=30", "--input-tokens=10000000"], "--num-requests", ["250,000,000"]),
     ],
-    ids=["readings", "readings-in-a-sweep", "readings-at-each-request", "prompt-text"],
+    ids=[
+        "readings",
+        "readings-in-a-sweep",
+        "readings-every-millisecond",
+        "readings-at-each-request",
+        "prompt-text",
+    ],
 )  # fmt: skip
 def test_flags_each_within_bounds_whose_product_is_not_exit_2_before_running(
     argv: list[str], flag: str, told: list[str]
