@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Literal
+from typing import Any, Literal
 
 import aiohttp
 
@@ -94,7 +94,7 @@ def upstream_session(
     trace.on_connection_queued_start.append(_queued)
     trace.on_connection_queued_end.append(_dequeued)
     trace.on_request_headers_sent.append(_headers_sent)
-    connector = aiohttp.TCPConnector(
+    connector = _QuietReuse(
         limit=max_connections,
         limit_per_host=0,
         keepalive_timeout=KEEPALIVE_EXPIRY_S,
@@ -112,6 +112,25 @@ def upstream_session(
         # the shortest header line, "a:" and its CRLF, takes 4 bytes
         max_headers=max_header_bytes // 4,
     )
+
+
+class _QuietReuse(aiohttp.TCPConnector):
+    """aiohttp's connector, reusing no pooled connection that spoke while it was idle.
+
+    An upstream that sends bytes nobody asked for (a second response after a whole one)
+    leaves them in the idle connection, and aiohttp would read them as the answer to the
+    next request sent on it, another client's. Such a connection is closed and the next
+    one in the pool tried, as nginx closes a kept-alive upstream connection that speaks.
+    ``_get`` is aiohttp's own (private) way into the pool; its signature has been the same
+    since 3.10.11, the lowest version Obleth accepts."""
+
+    async def _get(self, key: Any, traces: Any) -> Any:
+        while (connection := await super()._get(key, traces)) is not None:
+            protocol = connection.protocol
+            if protocol is not None and not protocol.should_close:
+                return connection
+            connection.close()
+        return None
 
 
 async def _queued(session: object, context: SimpleNamespace, params: object) -> None:

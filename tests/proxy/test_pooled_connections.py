@@ -1,0 +1,80 @@
+"""Kept-alive connections to upstreams are reused only while they are quiet: bytes an
+upstream sends unasked, between two requests, are never read as the answer to the next
+request on that connection (another client's)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from gateway.loopback import serve_in_task
+from gateway.proxy import ProxyApp
+from tests.proxy.upstreams import WAIT_S, FakeRoute, routed
+
+pytestmark = pytest.mark.anyio
+
+UNASKED = b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\nX-Unasked: yes\r\n\r\nUNASKED!"
+
+
+class Chatty:
+    """A raw upstream answering each request ``answer-<n>`` on a kept-alive connection;
+    after its first answer it also sends a whole second response nobody asked for, as a
+    buggy server might (a duplicate, or another request's late answer)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.connections = 0
+        self.spoken = asyncio.Event()
+
+    async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            async with asyncio.timeout(WAIT_S):
+                while await reader.readuntil(b"\r\n\r\n"):
+                    self.requests += 1
+                    body = b"answer-%d" % self.requests
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+                    writer.write(body)
+                    await writer.drain()
+                    if self.requests == 1:
+                        await asyncio.sleep(0.05)  # the proxy has its whole answer by now
+                        writer.write(UNASKED)
+                        await writer.drain()
+                        self.spoken.set()
+        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[str]:
+        server = await asyncio.start_server(self.accept, "127.0.0.1", 0)
+        try:
+            yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        finally:
+            server.close()
+
+
+async def test_an_upstream_that_spoke_unasked_is_not_reused_for_the_next_request(
+    http: httpx.AsyncClient,
+) -> None:
+    """The second request gets the upstream's answer to it, over a new connection; it
+    used to get ``UNASKED!``, left in the pooled connection after the first."""
+    chatty = Chatty()
+    async with (
+        chatty.serving() as upstream,
+        serve_in_task(routed(ProxyApp(), FakeRoute(upstream))) as proxy,
+    ):
+        first = await http.get(f"{proxy.url}/v1/a")
+        await asyncio.wait_for(chatty.spoken.wait(), WAIT_S)
+        await asyncio.sleep(0.05)  # the unasked bytes reach the idle connection
+        second = await http.get(f"{proxy.url}/v1/b")
+
+    assert (first.status_code, first.text) == (200, "answer-1")
+    assert (second.status_code, second.text) == (200, "answer-2")
+    assert "x-unasked" not in second.headers
+    assert chatty.connections == 2
