@@ -14,6 +14,7 @@ import aiohttp
 import httpx
 from yarl import URL
 
+from gateway.errors import Disconnected
 from gateway.proxy.client import Attempt, UpstreamFailure
 from gateway.proxy.deadlines import Watchdog, bounded_writes
 from gateway.proxy.inbound import Inbound
@@ -142,6 +143,9 @@ class Outbound:
             # it answered (the request ran there), with a head the session cannot read
             return UpstreamFailure("malformed", describe(exc))
         except aiohttp.ClientError as exc:
+            gone = _client_gone(exc)
+            if gone is not None:  # the client's body stopped, not the upstream
+                raise gone from None
             return UpstreamFailure("failed", describe(exc), sent=attempt.sent)
         except asyncio.CancelledError:
             # evaluated both: each takes back its own cancellation
@@ -161,3 +165,15 @@ class Outbound:
 def describe(exc: Exception) -> str:
     """What an exception says, for a log line: its message, else its type's name."""
     return str(exc) or type(exc).__name__
+
+
+def _client_gone(error: BaseException) -> Disconnected | None:
+    """The client's ``Disconnected`` (it left, or its body paused past
+    ``client_body_timeout_s``) behind ``error``: aiohttp wraps what the body it streams
+    raises in a ``ClientError`` of its own, which would read as the upstream failing."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a chain of a few links; never a loop, however it was built
+        if seen is None or isinstance(seen, Disconnected):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -11,7 +11,7 @@ import pytest
 
 from tests.proxy.rawhttp import host_port, request_head, send_and_read_async
 from tests.proxy.serving import Served, serving
-from tests.proxy.upstreams import eventually
+from tests.proxy.upstreams import WAIT_S, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -85,3 +85,33 @@ async def test_a_client_that_leaves_mid_upload_is_counted_as_gone_not_completed(
         await writer.wait_closed()
         assert await counted(served) == {("acme", outcome, ""): 1}
         await eventually(lambda: scheduler.admitted == scheduler.released, "the seat back")
+
+
+#: over the 8 MiB the proxy holds for a retry: the body is streamed to the upstream as
+#: it comes, and what stops it reaches the proxy through aiohttp
+STREAMED = 9 * 1024 * 1024
+
+
+@pytest.mark.parametrize("how", ["leaves", "pauses"])
+async def test_a_streamed_upload_the_client_stops_is_no_upstream_failure(how: str) -> None:
+    """A client sends 8.5 of 9 MiB, then leaves, or pauses past ``client_body_timeout_s``:
+    the upstream failed nothing. The request counts ``cancelled`` (a client still there
+    gets ``408 body_timeout``), not ``completed`` after a ``502 upstream_failed``, and the
+    upstream's count of errors stays 0."""
+    async with serving(tenant_header="x-tenant", client_body_timeout_s=0.5) as served:
+        reader, writer = await asyncio.open_connection(*host_port(served.url))
+        writer.write(upload(STREAMED, BINARY, b"y" * (STREAMED - 512 * 1024)))
+        await writer.drain()
+        scheduler = served.scheduler
+        await eventually(lambda: scheduler.admitted == 1, "the upload admitted")
+        if how == "leaves":
+            writer.close()
+            await writer.wait_closed()
+        else:  # the connection stays open, the body stops: the client hears why
+            answer = await asyncio.wait_for(reader.read(), WAIT_S)
+            assert b" 408 " in answer.split(b"\r\n", 1)[0] and b"body_timeout" in answer
+            writer.close()
+        assert await counted(served) == {("acme", "cancelled", ""): 1}
+        await eventually(lambda: scheduler.admitted == scheduler.released, "the seat back")
+        upstream_answers = served.app.gateway.answers.totals()
+        assert all(status != "error" for _, status in upstream_answers), upstream_answers
