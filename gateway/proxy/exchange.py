@@ -230,6 +230,10 @@ def _discard(outcome: Outcome) -> None:
         outcome.close()
 
 
+#: statuses whose responses have no body
+_NO_BODY = frozenset({204, 304})
+
+
 async def _stream_back(
     response: aiohttp.ClientResponse,
     url: URL,
@@ -247,6 +251,10 @@ async def _stream_back(
         (name, client_location(value, url, request.scope) if name == b"location" else value)
         for name, value in to_client(response.raw_headers)
     ]
+    if response.status in _NO_BODY:
+        # a 304's Content-Length is the length of the body it stands for (RFC 9110, 8.6):
+        # passed on, the server would wait for that many bytes, which never come
+        headers = [(name, value) for name, value in headers if name != b"content-length"]
     try:
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         # the bytes as the upstream encoded them (the session never decodes), matching its

@@ -128,6 +128,11 @@ class Outbound:
                 allow_redirects=False,
                 trace_request_ctx=attempt,
             )
+            if response.status < 200:  # a 101 nobody asked for: the gateway upgrades nothing
+                response.close()  # and the connection, in a state nobody can read
+                return UpstreamFailure(
+                    "malformed", f"answered {response.status} as its final response"
+                )
             return response
         except aiohttp.ClientConnectorError as exc:
             return UpstreamFailure("unreachable", describe(exc), sent=False)

@@ -1,0 +1,78 @@
+"""Upstream answers without a body: a ``304`` that names the length of the body it
+stands for, and a ``101`` nobody asked for, relayed as a client can read them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from gateway.loopback import serve_in_task
+from gateway.proxy import ProxyApp
+from tests.proxy.upstreams import WAIT_S, FakeRoute, routed
+
+pytestmark = pytest.mark.anyio
+
+ANSWERS = {
+    # RFC 9110, 8.6: a 304 may carry the Content-Length of the representation
+    b"/not-modified": b'HTTP/1.1 304 Not Modified\r\nETag: "x"\r\nContent-Length: 42\r\n\r\n',
+    b"/upgraded": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+    b"Connection: Upgrade\r\n\r\n",
+    b"/fine": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+}
+
+
+@contextlib.asynccontextmanager
+async def raw_upstream() -> AsyncIterator[str]:
+    """Answers each request with ``ANSWERS`` for its path, on a kept-alive connection."""
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(WAIT_S):
+                while head := await reader.readuntil(b"\r\n\r\n"):
+                    writer.write(ANSWERS[head.split(b" ")[1]])
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+async def test_a_304_with_a_content_length_is_relayed_whole(
+    http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client gets its 304 and the connection stays usable; the server used to wait
+    for the 42 bytes the header named, and log the app's response as broken."""
+    async with (
+        raw_upstream() as upstream,
+        serve_in_task(routed(ProxyApp(), FakeRoute(upstream))) as proxy,
+    ):
+        with caplog.at_level(logging.ERROR):
+            first = await http.get(f"{proxy.url}/not-modified")
+            second = await http.get(f"{proxy.url}/fine")
+    assert first.status_code == 304 and first.content == b""
+    assert (second.status_code, second.text) == (200, "ok")
+    assert not [r for r in caplog.records if "Exception in ASGI application" in r.getMessage()]
+
+
+async def test_a_101_nobody_asked_for_is_a_bad_response(http: httpx.AsyncClient) -> None:
+    """The gateway upgrades no connection (it refuses websockets): a 101 is an upstream
+    that answered nonsense, ``502 upstream_bad_response``. It used to reach the client
+    as a final response with a chunked body, which no client can read."""
+    async with (
+        raw_upstream() as upstream,
+        serve_in_task(routed(ProxyApp(), FakeRoute(upstream))) as proxy,
+    ):
+        answer = await http.get(f"{proxy.url}/upgraded")
+    assert answer.status_code == 502
+    assert answer.json()["error"]["code"] == "upstream_bad_response"
