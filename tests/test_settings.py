@@ -187,6 +187,25 @@ def test_an_installed_plugins_own_variables_are_left_to_it() -> None:
 
 
 @pytest.mark.parametrize(
+    ("written", "value"),
+    [
+        ("OBLETH_ADMIN_TOKN", "s3cret-0123456789abcdefXYZ"),
+        ("OBLETH_TOKEN", "s3cret-0123456789abcdefXYZ"),
+        ("OBLETH_REDIS_ULR", "redis://:s3cret@redis:6379/0"),
+    ],
+)
+def test_a_misspelt_variable_that_may_hold_a_secret_is_named_without_its_value(
+    written: str, value: str
+) -> None:
+    """The token is never logged: a typo in its variable's name (or in the Redis URL's,
+    which may carry a password) is an error that names the variable, not the secret."""
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({written: value})
+    assert str(caught.value).startswith(f"{written}='<hidden>': no such setting")
+    assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
     ("kwargs", "named", "hint"),
     [
         ({"global_max_in_flight": 0}, "global_max_in_flight=0", "at least 1"),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import re
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
@@ -63,10 +65,27 @@ def plugin_prefixes() -> tuple[str, ...]:
 
 def unknown_setting(written: str, value: object, known: Sequence[str]) -> ConfigError:
     """The error for ``written=value`` when ``written`` is none of the ``known`` names (all
-    variables or all keywords, as the user wrote it), suggesting the closest one."""
+    variables or all keywords, as the user wrote it), suggesting the closest one. The value
+    is hidden when it may be a secret: a misspelt ``OBLETH_ADMIN_TOKEN`` must not print
+    the token, nor a misspelt ``OBLETH_REDIS_URL`` its password."""
     near = difflib.get_close_matches(written, known, n=1)
     hint = f"did you mean {near[0]}? " if near else ""
+    if _SECRET.search(" ".join([written, *near])) or _has_password(value):
+        value = "<hidden>"
     return ConfigError(written, value, f"no such setting; {hint}known: {', '.join(known)}")
+
+
+#: the words of a name whose value may be a secret
+_SECRET = re.compile(r"TOKEN|SECRET|PASSW|KEY|AUTH|CREDENTIAL", re.IGNORECASE)
+
+
+def _has_password(value: object) -> bool:
+    if not isinstance(value, str) or "@" not in value:
+        return False
+    try:
+        return urllib.parse.urlsplit(value.strip()).password is not None
+    except ValueError:
+        return True  # unreadable as a URL, yet it has an @: better hidden
 
 
 def check_env_names(value: object, specs: Mapping[str, Spec]) -> None:
