@@ -38,6 +38,7 @@ import hashlib
 import hmac
 import json
 import logging
+from decimal import Decimal
 from typing import Any
 
 from gateway.admin import dashboard, openapi
@@ -223,7 +224,9 @@ def _limit_of(body: bytes) -> tuple[int | None, str | None]:
     """The limit a PUT body asks for, or the problem with the body; raises ``_Repeated``
     for an object that names a field twice."""
     try:
-        document: Any = json.loads(body, object_pairs_hook=_object_once)
+        # a number with a fraction or an exponent as written (Decimal), not as a float
+        # rounds it: 1e-400 is no 0, 999999999.99999999 no 1e9
+        document: Any = json.loads(body, object_pairs_hook=_object_once, parse_float=Decimal)
     except _Repeated:
         raise
     except (ValueError, RecursionError):
@@ -236,13 +239,15 @@ def _limit_of(body: bytes) -> tuple[int | None, str | None]:
     if "max_in_flight" not in document:
         return None, f"max_in_flight is missing; send {_SHAPE}"
     value = document["max_in_flight"]
+    shown = str(value) if isinstance(value, Decimal) else repr(value)
     # 300.0 is the number 300 in JSON, and an integer to JSON Schema (the OpenAPI document)
-    limit = int(value) if isinstance(value, float) and value.is_integer() else value
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        return None, f"max_in_flight: {value!r} is no whole number"
-    if not 0 <= limit <= MAX_LIMIT:
-        return None, f"max_in_flight: {value!r} is outside 0 to {MAX_LIMIT} (0 pauses admissions)"
-    return limit, None
+    whole = isinstance(value, Decimal) and value.is_finite() and value == value.to_integral_value()
+    if not whole and (isinstance(value, bool) or not isinstance(value, int)):
+        return None, f"max_in_flight: {shown} is no whole number"
+    # compared before any int() is made of it: 1e999999999 would take gigabytes
+    if not 0 <= value <= MAX_LIMIT:
+        return None, f"max_in_flight: {shown} is outside 0 to {MAX_LIMIT} (0 pauses admissions)"
+    return int(value), None
 
 
 def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
