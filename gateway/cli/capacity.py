@@ -70,7 +70,20 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--url {args.url!r}: {exc}; expected e.g. {DEFAULT_URL}", status=2)
     if base.scheme not in ("http", "https") or not base.host:
         return _fail(f"--url {args.url!r}: expected an http(s) URL, e.g. {DEFAULT_URL}", status=2)
-    if base.query or base.fragment or (base.port is not None and not 1 <= base.port <= 65535):
+    if base.userinfo:
+        # httpx would send them as Basic credentials in place of the bearer token
+        return _fail(
+            f"--url {base.copy_with(username=None, password=None)}: expected no user or "
+            "password in it; the admin token goes in --token or " + TOKEN_VARIABLE,
+            status=2,
+        )
+    # "?" or "#" alone is an empty query or fragment, which httpx reads as none
+    if (
+        base.query
+        or base.fragment
+        or any(mark in args.url for mark in "?#")
+        or (base.port is not None and not 1 <= base.port <= 65535)
+    ):
         # the API's path goes after the URL: a query would swallow it
         return _fail(
             f"--url {args.url!r}: expected the admin API's base URL, with a port from 1 to "

@@ -112,6 +112,12 @@ def test_nobody_listening_is_one_line() -> None:
         (("--url", ""), "expected an http(s) URL"),
         # the API's path goes after the URL: a query used to swallow it
         (("--url", "http://127.0.0.1:9090/?q=1"), "no query or fragment"),
+        # an empty one, which httpx reads as none: it used to be sent, and 404
+        (("--url", "http://127.0.0.1:9090?"), "no query or fragment"),
+        (("--url", "http://127.0.0.1:9090#"), "no query or fragment"),
+        # httpx would send them as Basic credentials instead of the token (and the error
+        # line printed the password)
+        (("--url", "http://user:pw@127.0.0.1:9090"), "expected no user or password in it"),
         (("--url", "http://127.0.0.1:99999"), "a port from 1 to 65535"),
         (("--timeout", "-1"), "argument --timeout"),
         (("--timeout", "nan"), "argument --timeout"),
@@ -126,3 +132,4 @@ def test_a_bad_url_or_timeout_is_a_usage_error_naming_the_flag(
     done = obleth("get", *argv)
     assert done.returncode == 2
     assert says in done.stderr and "Traceback" not in done.stderr
+    assert ":pw@" not in done.stderr
