@@ -133,8 +133,12 @@ def check_token(settings: Settings, name: str, value: Any) -> str | None:
             "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`",
         )
     token: str = value.strip()
-    if not token.isprintable() or any(c.isspace() for c in token):
-        raise settings.error(name, "<hidden>", "expected a token without spaces or controls")
+    if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
+        # an HTTP header carries it: beyond ASCII, clients (a browser's fetch, the CLI)
+        # would send other bytes than curl does, or none at all
+        raise settings.error(
+            name, "<hidden>", "expected a token of printable ASCII, without spaces or controls"
+        )
     return token
 
 

@@ -266,7 +266,8 @@ class Settings(AdmissionSettings):
     admin_token: str | None = setting(
         None,
         doc="Bearer token of the admin API (`/api/v1/capacity`); without it the API is off "
-        "(404). At least 16 characters; never logged. See [operations.md](operations.md).",
+        "(404). At least 16 characters of printable ASCII, no spaces; never logged. See "
+        "[operations.md](operations.md).",
         parse=parsers.env_optional_text,
         check=checks.check_token,
         secret=True,

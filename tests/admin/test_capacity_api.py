@@ -321,6 +321,14 @@ def test_a_token_too_short_stops_startup_without_showing_it() -> None:
     assert "hunter2" not in repr(Settings(admin_token=TOKEN + "hunter2"))
 
 
+def test_a_token_beyond_ascii_stops_startup_without_showing_it() -> None:
+    """A header carries the token: ``tökén-…`` would be sent as other bytes by a browser
+    than by curl, and refused by ``obleth capacity``; it used to be taken all the same."""
+    with pytest.raises(ValueError, match="printable ASCII") as caught:
+        Settings(admin_token="tökén-0123456789abcdef")
+    assert "tökén" not in str(caught.value)
+
+
 async def test_in_cluster_mode_one_put_changes_every_pod_and_survives_a_restart(
     redis_url: str, pool_name: str
 ) -> None:
