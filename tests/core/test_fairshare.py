@@ -27,3 +27,11 @@ def test_shares_follow_weighted_max_min(
     shares = fair_shares(capacity, demands, weights)
     assert shares == pytest.approx(expected)
     assert sum(shares.values()) == pytest.approx(min(capacity, sum(demands.values())))
+
+
+def test_weights_too_large_to_add_up_still_share_by_their_ratio() -> None:
+    """Two weights of 1e308 (which ``--tenants a:1e308,b:1e308`` and ``tenant_weights``
+    accept: finite numbers above 0) add up to infinity; the shares used to come out 0,
+    and the demo showed a fair share of 0 % for both."""
+    assert fair_shares(2, {"a": 5, "b": 5}, {"a": 1e308, "b": 1e308}) == {"a": 1.0, "b": 1.0}
+    assert fair_shares(3, {"a": 5, "b": 5}, {"a": 1e308, "b": 5e307}) == {"a": 2.0, "b": 1.0}
