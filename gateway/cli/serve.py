@@ -271,7 +271,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"obleth serve: {listen_url(args.host, args.port)} -> {upstreams} "
-        f"({settings.routing_policy}), at most {app.gateway.capacity.current()} in flight; "
+        f"({settings.routing_policy}), at most {app.gateway.capacity.current()} in flight"
+        + ("; " if settings.redis_url is None else " (this pod's; the pool's is in Redis); ")
         + processes
         + (
             f"admin API on {listen_url(args.host, args.admin_port)}"
