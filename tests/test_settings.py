@@ -192,6 +192,8 @@ def test_an_installed_plugins_own_variables_are_left_to_it() -> None:
         ("OBLETH_ADMIN_TOKN", "s3cret-0123456789abcdefXYZ"),
         ("OBLETH_TOKEN", "s3cret-0123456789abcdefXYZ"),
         ("OBLETH_REDIS_ULR", "redis://:s3cret@redis:6379/0"),
+        ("OBLETH_REDIS_URI", "redis://redis:6379/0?password=s3cret"),
+        ("OBLETH_REDIS_ULR", "user:s3cret@redis:6379"),
     ],
 )
 def test_a_misspelt_variable_that_may_hold_a_secret_is_named_without_its_value(

@@ -229,6 +229,8 @@ def _limit_of(body: bytes) -> tuple[int | None, str | None]:
         document: Any = json.loads(body, object_pairs_hook=_object_once, parse_float=Decimal)
     except _Repeated:
         raise
+    except ArithmeticError:  # an exponent past what Decimal holds: 1e99999999999999999999
+        return None, f"max_in_flight: a number outside 0 to {MAX_LIMIT}; send {_SHAPE}"
     except (ValueError, RecursionError):
         return None, f"the body is no JSON; send {_SHAPE}"
     if not isinstance(document, dict):

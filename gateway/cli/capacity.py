@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any
 
@@ -64,19 +65,20 @@ def run(args: argparse.Namespace) -> int:
             "header carries it",
             status=2,
         )
+    shown = _without_userinfo(args.url)
+    if shown != args.url:
+        # httpx would send them as Basic credentials in place of the bearer token
+        return _fail(
+            f"--url {shown!r}: expected no user or password in it; the admin token goes in "
+            f"--token or {TOKEN_VARIABLE}",
+            status=2,
+        )
     try:
         base = httpx.URL(args.url)
     except httpx.InvalidURL as exc:
         return _fail(f"--url {args.url!r}: {exc}; expected e.g. {DEFAULT_URL}", status=2)
     if base.scheme not in ("http", "https") or not base.host:
         return _fail(f"--url {args.url!r}: expected an http(s) URL, e.g. {DEFAULT_URL}", status=2)
-    if base.userinfo:
-        # httpx would send them as Basic credentials in place of the bearer token
-        return _fail(
-            f"--url {base.copy_with(username=None, password=None)}: expected no user or "
-            "password in it; the admin token goes in --token or " + TOKEN_VARIABLE,
-            status=2,
-        )
     # "?" or "#" alone is an empty query or fragment, which httpx reads as none
     if (
         base.query
@@ -148,3 +150,13 @@ def seconds(text: str) -> float:
     if not 0 < value <= MAX_TIMEOUT_S:
         raise ValueError(text)
     return value
+
+
+def _without_userinfo(url: str) -> str:
+    """``url`` with a ``user:password@`` before its host replaced by ``***@``, whatever
+    else is wrong with it, so that no message prints a password."""
+    return _USERINFO.sub(lambda found: (found.group(1) or "") + "***@", url, count=1)
+
+
+#: a scheme, if any, then up to an "@" before any "/", "?" or "#": the userinfo
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#@]*@")

@@ -16,13 +16,14 @@ def fair_shares(
     """
     shares = {tenant: 0.0 for tenant in demands}
     active = {tenant for tenant, demand in demands.items() if demand > 0}
-    # shares depend on the weights' ratios alone: over the largest, their sum stays finite
-    # however large they are (two weights of 1e308 added up to infinity, and shares to 0)
-    top = max((weights.get(tenant, 1.0) for tenant in demands), default=1.0)
-    weight = {tenant: weights.get(tenant, 1.0) / top for tenant in demands}
     left = float(capacity)
     while active and left > 1e-12:
-        total_weight = sum(weight[tenant] for tenant in active)
+        # shares depend on the weights' ratios alone: over the largest of those still
+        # sharing, their sum stays finite (two weights of 1e308 added up to infinity, and
+        # shares to 0) and at least 1, however far apart they are
+        top = max(weights.get(tenant, 1.0) for tenant in active)
+        weight = {tenant: weights.get(tenant, 1.0) / top for tenant in active}
+        total_weight = sum(weight.values())
         unit = left / total_weight
         satisfied = {
             tenant for tenant in active if demands[tenant] - shares[tenant] <= unit * weight[tenant]

@@ -80,12 +80,19 @@ _SECRET = re.compile(r"TOKEN|SECRET|PASSW|KEY|AUTH|CREDENTIAL", re.IGNORECASE)
 
 
 def _has_password(value: object) -> bool:
-    if not isinstance(value, str) or "@" not in value:
+    """Whether ``value`` may be a URL carrying a password: in its user part (also without
+    a scheme), or as ``?password=`` (which redis-py reads)."""
+    if not isinstance(value, str):
+        return False
+    if "password=" in value.lower():
+        return True
+    if "@" not in value:
         return False
     try:
-        return urllib.parse.urlsplit(value.strip()).password is not None
+        split = urllib.parse.urlsplit(value.strip())
     except ValueError:
         return True  # unreadable as a URL, yet it has an @: better hidden
+    return split.password is not None or not split.netloc  # "user:pw@host", no scheme
 
 
 def check_env_names(value: object, specs: Mapping[str, Spec]) -> None:

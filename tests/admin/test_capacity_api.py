@@ -178,6 +178,7 @@ async def test_zero_pauses_admissions_until_the_limit_is_raised() -> None:
         (b'{"max_in_flight": 999999999.99999999}', 422, "no whole number"),
         # an exponent too large to be made an int of: refused before any is made
         (b'{"max_in_flight": 1e999999999}', 422, "outside 0 to"),
+        (b'{"max_in_flight": 1e99999999999999999999}', 422, "outside 0 to"),
         (b'{"max_in_flight": "7"}', 422, "no whole number"),
         (b'{"max_in_flight": true}', 422, "no whole number"),
         (b"{}", 422, "missing"),

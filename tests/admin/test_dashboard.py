@@ -369,10 +369,16 @@ async def test_chromium_shows_the_live_limit_fetched_with_the_token_from_the_fra
     assert png.startswith(PNG_SIGNATURE) and len(png) > len(PNG_SIGNATURE)
 
 
-async def test_a_base64_token_in_the_fragment_is_taken_as_written(chromium: Chromium) -> None:
+@pytest.mark.parametrize(
+    "token",
+    ["Ab+cd/Ef+gh/0123456789==", 'a<b"c>`d&e%41-0123456789'],
+    ids=["base64", "escaped-by-the-browser"],
+)
+async def test_a_token_in_the_fragment_is_taken_as_written(chromium: Chromium, token: str) -> None:
     """``openssl rand -base64`` tokens hold ``+`` and ``/``: the page sends them as they
-    are (it used to read the fragment as a form, a ``+`` as a space, and get 401)."""
-    token = "Ab+cd/Ef+gh/0123456789=="
+    are (it used to read the fragment as a form, a ``+`` as a space, and get 401). The
+    four characters a browser escapes in a fragment come back as they were, and ``&``
+    or ``%`` stay themselves."""
     async with served(global_max_in_flight=37, admin_token=token) as (_, url):
         page = await chromium.dom(f"{url}/dashboard#token={token}")
         assert page.by_id("limit").text() == "37"

@@ -118,6 +118,8 @@ def test_nobody_listening_is_one_line() -> None:
         # httpx would send them as Basic credentials instead of the token (and the error
         # line printed the password)
         (("--url", "http://user:pw@127.0.0.1:9090"), "expected no user or password in it"),
+        (("--url", "ftp://user:pw@127.0.0.1:9090"), "expected no user or password in it"),
+        (("--url", "http://user:pw@[::1"), "expected no user or password in it"),
         (("--url", "http://127.0.0.1:99999"), "a port from 1 to 65535"),
         (("--timeout", "-1"), "argument --timeout"),
         (("--timeout", "nan"), "argument --timeout"),

@@ -35,3 +35,5 @@ def test_weights_too_large_to_add_up_still_share_by_their_ratio() -> None:
     and the demo showed a fair share of 0 % for both."""
     assert fair_shares(2, {"a": 5, "b": 5}, {"a": 1e308, "b": 1e308}) == {"a": 1.0, "b": 1.0}
     assert fair_shares(3, {"a": 5, "b": 5}, {"a": 1e308, "b": 5e307}) == {"a": 2.0, "b": 1.0}
+    # ratios past what a float holds: the heavy tenant satisfied, the light one gets the rest
+    assert fair_shares(10, {"a": 1, "b": 5}, {"a": 1e308, "b": 1e-30}) == {"a": 1.0, "b": 5.0}
