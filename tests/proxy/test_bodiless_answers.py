@@ -4,16 +4,14 @@ stands for, and a ``101`` nobody asked for, relayed as a client can read them.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
 from gateway.loopback import serve_in_task
 from gateway.proxy import ProxyApp
-from tests.proxy.upstreams import WAIT_S, FakeRoute, routed
+from tests.proxy.upstreams import WAIT_S, FakeRoute, raw_upstream, routed
 
 pytestmark = pytest.mark.anyio
 
@@ -26,26 +24,17 @@ ANSWERS = {
 }
 
 
-@contextlib.asynccontextmanager
-async def raw_upstream() -> AsyncIterator[str]:
+async def answering(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Answers each request with ``ANSWERS`` for its path, on a kept-alive connection."""
-
-    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(WAIT_S):
-                while head := await reader.readuntil(b"\r\n\r\n"):
-                    writer.write(ANSWERS[head.split(b" ")[1]])
-                    await writer.drain()
-        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(accept, "127.0.0.1", 0)
     try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with asyncio.timeout(WAIT_S):
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                writer.write(ANSWERS[head.split(b" ")[1]])
+                await writer.drain()
+    except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+        pass
     finally:
-        server.close()
+        writer.close()
 
 
 async def test_a_304_with_a_content_length_is_relayed_whole(
@@ -54,7 +43,7 @@ async def test_a_304_with_a_content_length_is_relayed_whole(
     """The client gets its 304 and the connection stays usable; the server used to wait
     for the 42 bytes the header named, and log the app's response as broken."""
     async with (
-        raw_upstream() as upstream,
+        raw_upstream(answering) as upstream,
         serve_in_task(routed(ProxyApp(), FakeRoute(upstream))) as proxy,
     ):
         with caplog.at_level(logging.ERROR):
@@ -70,7 +59,7 @@ async def test_a_101_nobody_asked_for_is_a_bad_response(http: httpx.AsyncClient)
     that answered nonsense, ``502 upstream_bad_response``. It used to reach the client
     as a final response with a chunked body, which no client can read."""
     async with (
-        raw_upstream() as upstream,
+        raw_upstream(answering) as upstream,
         serve_in_task(routed(ProxyApp(), FakeRoute(upstream))) as proxy,
     ):
         answer = await http.get(f"{proxy.url}/upgraded")

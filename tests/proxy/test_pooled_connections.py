@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
 from gateway.loopback import serve_in_task
 from gateway.proxy import ProxyApp
-from tests.proxy.upstreams import WAIT_S, FakeRoute, routed
+from tests.proxy.upstreams import WAIT_S, FakeRoute, raw_upstream, routed
 
 pytestmark = pytest.mark.anyio
 
@@ -50,13 +49,8 @@ class Chatty:
         finally:
             writer.close()
 
-    @contextlib.asynccontextmanager
-    async def serving(self) -> AsyncIterator[str]:
-        server = await asyncio.start_server(self.accept, "127.0.0.1", 0)
-        try:
-            yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        finally:
-            server.close()
+    def serving(self) -> contextlib.AbstractAsyncContextManager[str]:
+        return raw_upstream(self.accept)
 
 
 async def test_an_upstream_that_spoke_unasked_is_not_reused_for_the_next_request(

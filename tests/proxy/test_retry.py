@@ -20,6 +20,7 @@ from tests.proxy.upstreams import (
     breaks_after_first_chunk,
     closed_upstream,
     proxy_over,
+    raw_upstream,
     read_cut_short,
     routed,
 )
@@ -249,13 +250,8 @@ class HangingUp:
         finally:
             writer.close()
 
-    @contextlib.asynccontextmanager
-    async def serving(self) -> AsyncIterator[str]:
-        server = await asyncio.start_server(self.accept, "127.0.0.1", 0)
-        try:
-            yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        finally:
-            server.close()
+    def serving(self) -> contextlib.AbstractAsyncContextManager[str]:
+        return raw_upstream(self.accept)
 
 
 @pytest.mark.parametrize(("method", "retried"), [("POST", False), ("GET", True)])

@@ -76,6 +76,20 @@ def closed_upstream() -> str:
     return f"http://127.0.0.1:{unused_port()}"
 
 
+Accept = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def raw_upstream(accept: Accept) -> AsyncIterator[str]:
+    """A raw TCP upstream on 127.0.0.1 that hands each connection to ``accept``, for
+    answers no HTTP server library would give; yields its base URL."""
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
 class FakeRoute:
     """A router's decision for one request: a fixed ranking, best first.
 
