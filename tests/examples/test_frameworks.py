@@ -65,18 +65,20 @@ def test_the_documented_command_holds_the_limit(command: str) -> None:
 
 
 async def _scenario(url: str) -> tuple[Any, ...]:
-    async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=20) as http:
-        async with contextlib.AsyncExitStack() as stack:
-            streams = []
-            for _ in range(2):
-                response = await stack.enter_async_context(http.stream("POST", CHAT, json=LONG))
-                assert response.status_code == 200
-                lines = response.aiter_lines()
-                assert (await anext(lines)).startswith("data: ")  # running: its seat is held
-                streams.append(lines)
-            past = await http.post(CHAT, json=ASK)
-            health = await http.get("/healthz")
-            held = [[line async for line in lines if line] for lines in streams]
+    async with (
+        httpx.AsyncClient(base_url=url, trust_env=False, timeout=20) as http,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        streams = []
+        for _ in range(2):
+            response = await stack.enter_async_context(http.stream("POST", CHAT, json=LONG))
+            assert response.status_code == 200
+            lines = response.aiter_lines()
+            assert (await anext(lines)).startswith("data: ")  # running: its seat is held
+            streams.append(lines)
+        past = await http.post(CHAT, json=ASK)
+        health = await http.get("/healthz")
+        held = [[line async for line in lines if line] for lines in streams]
     # the seats are free again: six at once, two seats. On new connections: gunicorn
     # closes one kept alive past its 2 s while the streams ran, which a reuse would race
     async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=20) as http:
