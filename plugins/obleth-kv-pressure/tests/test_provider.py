@@ -116,6 +116,25 @@ def test_a_misspelt_knob_is_an_error_naming_the_right_one() -> None:
     )
 
 
+def test_a_pause_keeps_the_limit_of_before_for_when_admissions_resume() -> None:
+    """``PUT 0`` pauses admissions; rounds meanwhile learn nothing (nothing runs) and the
+    provider answers 0. A raise finds the limit of before at once: it used to have been
+    cut to the paused ceiling, and grew back one step per round while waiters waited."""
+    ceiling = [64]
+    provider = KvPressureLimit(Knobs(), 30)
+    readings = Readings([A, B], stale_after_s=60.0)
+    provider.use_ceiling(lambda: ceiling[0])
+    provider.use_readings(readings)
+    poll(readings, reading(A, running=10, kv_usage=0.85), reading(B, running=10))
+    assert provider.max_in_flight() == 30  # held: KV between the marks
+    ceiling[0] = 0
+    assert provider.max_in_flight() == 0
+    for _ in range(3):
+        poll(readings, reading(A, running=0, kv_usage=0.0), reading(B, running=0))
+    ceiling[0] = 64
+    assert provider.max_in_flight() == 30
+
+
 def test_selected_without_upstreams_it_stops_startup_saying_why() -> None:
     """Without upstreams the gateway polls no backend: kv-pressure would hold the
     operator's limit for good, unseen. Startup stops, naming what to set."""

@@ -41,12 +41,11 @@ class KvPressureLimit:
     # -- what the gateway calls -----------------------------------------------------------
 
     def max_in_flight(self) -> int:
+        # never above the ceiling, however it moved since the last round (read when the
+        # provider announces a change and for the status, not per request)
+        ceiling = self._ceiling()
         limit = self._limit
-        if limit is None:
-            return self._ceiling()
-        if self.last is None:  # INITIAL, before the first round: never above the ceiling
-            return min(limit, self._ceiling())
-        return limit
+        return ceiling if limit is None else min(limit, ceiling)
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         self._subscribers.append(callback)
@@ -64,6 +63,10 @@ class KvPressureLimit:
         """Decide after a polling round (the readings call it); announce a change."""
         readings = self._readings
         if readings is None:
+            return
+        if self._ceiling() == 0:
+            # admissions are paused: nothing runs, so nothing is learnt, and the limit of
+            # before the pause is there again when the operator raises the ceiling
             return
         signals = self.signals(readings)
         before = self.max_in_flight()
