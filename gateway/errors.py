@@ -16,6 +16,7 @@ to do about it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from gateway.core.reasons import RejectReason
@@ -171,3 +172,14 @@ def _shown(value: object, limit: int = 200) -> str:
     except ValueError:
         return f"<{type(value).__name__} too long to print>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` with a ``user:password@`` before its host replaced by ``***@``, whether or
+    not the rest of it is a URL that parses: what a message may show of a URL given as
+    a setting or a flag, which must never print a password."""
+    return _USERINFO.sub(lambda found: (found.group(1) or "") + "***@", url, count=1)
+
+
+#: a scheme, if any, then up to an "@" before any "/", "?" or "#": the userinfo
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#@]*@")

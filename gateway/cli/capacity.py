@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from typing import Any
 
@@ -13,6 +12,7 @@ import httpx
 
 from gateway.admin.contract import CAPACITY_PATH
 from gateway.cli.defaults import DefaultsShown
+from gateway.errors import without_userinfo
 from gateway.settings import ENV_PREFIX
 
 #: where the admin API listens unless told otherwise (``obleth serve --admin-port``)
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             "header carries it",
             status=2,
         )
-    shown = _without_userinfo(args.url)
+    shown = without_userinfo(args.url)
     if shown != args.url:
         # httpx would send them as Basic credentials in place of the bearer token
         return _fail(
@@ -150,13 +150,3 @@ def seconds(text: str) -> float:
     if not 0 < value <= MAX_TIMEOUT_S:
         raise ValueError(text)
     return value
-
-
-def _without_userinfo(url: str) -> str:
-    """``url`` with a ``user:password@`` before its host replaced by ``***@``, whatever
-    else is wrong with it, so that no message prints a password."""
-    return _USERINFO.sub(lambda found: (found.group(1) or "") + "***@", url, count=1)
-
-
-#: a scheme, if any, then up to an "@" before any "/", "?" or "#": the userinfo
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#@]*@")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, without_userinfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,17 +79,16 @@ def parse_upstream(url: str, setting: str = "upstream") -> httpx.URL:
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError):
-        raise ConfigError(setting, url, expected) from None
+        shown = without_userinfo(url) if isinstance(url, str) else url
+        raise ConfigError(setting, shown, expected) from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ConfigError(setting, url, expected)
     if parsed.userinfo:
         # the URL names its upstream in logs, on /metrics and in x-obleth-upstream: a
         # password in it would be shown to every client; the message masks it too
-        start = url.find("://") + 3
-        shown = url[:start] + "***" + url[url.find("@", start) :]
         raise ConfigError(
             setting,
-            shown,
+            without_userinfo(url),
             f"{expected}, without a user or password (the URL is shown in logs, on /metrics "
             "and in x-obleth-upstream); a backend that wants a key gets the client's "
             "Authorization header, which the proxy forwards",

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import difflib
 import re
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, without_userinfo
 from gateway.settings.parsers import READS_BLANK
 
 if TYPE_CHECKING:
@@ -84,15 +83,7 @@ def _has_password(value: object) -> bool:
     a scheme), or as ``?password=`` (which redis-py reads)."""
     if not isinstance(value, str):
         return False
-    if "password=" in value.lower():
-        return True
-    if "@" not in value:
-        return False
-    try:
-        split = urllib.parse.urlsplit(value.strip())
-    except ValueError:
-        return True  # unreadable as a URL, yet it has an @: better hidden
-    return split.password is not None or not split.netloc  # "user:pw@host", no scheme
+    return "password=" in value.lower() or without_userinfo(value.strip()) != value.strip()
 
 
 def check_env_names(value: object, specs: Mapping[str, Spec]) -> None:

@@ -273,6 +273,14 @@ def test_an_upstream_with_credentials_is_refused_without_showing_them(entry: str
     assert "s3cret" not in str(caught.value) and "http://***@vllm-a:8000" in str(caught.value)
 
 
+def test_an_upstream_that_does_not_parse_is_refused_without_showing_its_password() -> None:
+    """A URL httpx cannot read (an unclosed IPv6 bracket) is refused as no URL; the
+    message still masks its user part (it used to print it whole)."""
+    with pytest.raises(ConfigError) as caught:
+        Settings(upstreams=["http://user:s3cret@[::1"])
+    assert "s3cret" not in str(caught.value) and "http://***@[::1" in str(caught.value)
+
+
 @pytest.mark.parametrize("text", ["ftp://vllm-a:8000", "http://", f"{A},http://b:1/?q=1"])
 def test_bad_obleth_upstreams_names_the_variable(text: str) -> None:
     """From the environment the error names ``OBLETH_UPSTREAMS``."""
