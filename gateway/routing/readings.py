@@ -108,10 +108,14 @@ class Readings:
         if reading.upstream not in self._latest:
             raise KeyError(f"{reading.upstream!r} is not a configured upstream")
         previous = self._latest[reading.upstream]
-        waiting = reading.waiting or 0.0
-        if previous.waiting is not None and reading.waiting is not None:
-            waiting = min(waiting, previous.waiting)
-        self._queued[reading.upstream] = waiting
+        if reading.at != previous.at:
+            # A queue is one seen in two scrapes: a first scrape, or one after a scrape
+            # with no figure, has nothing to confirm it. A failed scrape re-records the
+            # numbers it had (same ``at``) and confirms nothing either.
+            waiting = 0.0
+            if previous.waiting is not None and reading.waiting is not None:
+                waiting = min(reading.waiting, previous.waiting)
+            self._queued[reading.upstream] = waiting
         self._latest[reading.upstream] = reading
 
     def subscribe(self, callback: Callable[[], None]) -> None:

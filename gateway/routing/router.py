@@ -201,7 +201,11 @@ class Router:
             decision = Decision(self, request, upstream, scores, rank)
         self.fleet.inflight.add(decision.upstream)
         self.decisions.chose(decision.upstream, ROUTED, decision.scores)
-        self._dispatched(request, decision.upstream)
+        try:
+            self._dispatched(request, decision.upstream)
+        except BaseException:  # passed on: no one holds the decision to finish it
+            self.fleet.inflight.remove(decision.upstream)
+            raise
         return decision
 
     def _serving_model(self, model: str | None) -> list[str]:
@@ -216,13 +220,19 @@ class Router:
         """``serving`` without the upstreams whose metrics name other models but not
         ``model`` (``Reading.models``), when some upstream's metrics do name it: a fleet
         where each upstream serves its own model routes by model with no list
-        configured. Upstreams whose metrics name no model stay. When no metrics name
+        configured. Upstreams whose metrics name no model stay, and so do those with a
+        configured model list; an unhealthy upstream's metrics are not read. When no metrics name
         ``model``, ``serving`` as it is: a model may be served under a name the metrics
         do not show (a LoRA adapter, an alias), and the upstreams are the ones to say."""
         if model is None or len(serving) < 2:
             return serving
-        readings = self.fleet.readings
-        named = [readings.get(u).models for u in serving]
+        # A configured list wins over the metrics; a failing upstream's last metrics
+        # are old news, and must not leave the others out.
+        readings, listed = self.fleet.readings, self.upstreams
+        named = [
+            None if listed[u].models is not None or not (r := readings.get(u)).healthy else r.models
+            for u in serving
+        ]
         if not any(models and model in models for models in named):
             return serving
         return [

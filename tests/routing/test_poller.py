@@ -275,6 +275,35 @@ async def test_numbers_of_a_failing_scrape_keep_their_time_and_go_stale_by_age()
         assert fresh.running == 99.0 and fresh.at > scraped.at
 
 
+def waiting_text(n: int) -> str:
+    return (
+        'vllm:num_requests_running{model_name="m"} 1\n'
+        f'vllm:num_requests_waiting{{model_name="m"}} {n}\n'
+    )
+
+
+async def test_a_queue_counts_only_once_two_scrapes_have_seen_it() -> None:
+    """The load guard's queue is the smaller waiting figure of two real scrapes: the first
+    scrape alone, or one scrape followed by a failed one, is not a queue."""
+    upstream = FakeUpstream(waiting_text(6))
+    async with fake(upstream) as server, polling(server.url) as (poller, readings):
+        await poll(poller)
+        first = readings.queued(server.url)
+        upstream.metrics = waiting_text(0)
+        await poll(poller)
+        upstream.metrics = waiting_text(6)
+        await poll(poller)
+        upstream.metrics_status = 500  # a scrape times out or fails: nothing new seen
+        await poll(poller)
+        after_failure = readings.queued(server.url)
+        upstream.metrics_status = 200
+        upstream.metrics = waiting_text(4)
+        await poll(poller)
+        confirmed = readings.queued(server.url)
+
+    assert (first, after_failure, confirmed) == (0.0, 0.0, 4.0)
+
+
 async def test_sglang_metrics_served_by_an_upstream_are_read() -> None:
     """SGLang's names give running, waiting and kv usage, summed or maxed over label sets."""
     async with fake(FakeUpstream(SGLANG_TEXT)) as server, polling(server.url) as (poller, r):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
@@ -125,6 +126,33 @@ def test_without_model_lists_the_models_the_metrics_name_filter_the_upstreams() 
     assert set(route(gw).ranking) == set(URLS)
 
 
+def test_a_configured_model_list_wins_over_the_metrics_of_other_upstreams() -> None:
+    """An upstream configured for a model stays a candidate for it whatever its metrics
+    name (a served alias), beside the upstreams whose metrics name the model."""
+    gw = gateway([f"{A}=llama", B], routing_scorers="queue-depth:1")
+    now = time.monotonic()
+    for url, models in ((A, {"llama-3-8b"}), (B, {"llama"})):
+        gw.readings.update(
+            Reading(url, healthy=True, waiting=0.0, running=0.0, at=now, models=frozenset(models))
+        )
+    decision = route(gw, model="llama")
+    assert set(decision.ranking) == {A, B}
+
+
+def test_a_failing_upstreams_last_metrics_leave_no_one_out() -> None:
+    """When the only upstream whose metrics named the model fails its health checks, the
+    upstreams that may serve the model by the configuration take its requests, not a 503."""
+    gw = gateway([A, B], routing_scorers="queue-depth:1")
+    now = time.monotonic()
+    for url, models, healthy in ((A, {"base"}, True), (B, {"llama"}, False)):
+        gw.readings.update(
+            Reading(
+                url, healthy=healthy, waiting=0.0, running=0.0, at=now, models=frozenset(models)
+            )
+        )
+    assert route(gw, model="llama").upstream == A
+
+
 def test_a_request_naming_no_model_may_go_anywhere() -> None:
     """Without a model in the body every healthy upstream is a candidate."""
     gw = gateway(MODEL_UPSTREAMS, routing_scorers="queue-depth:1")
@@ -215,7 +243,8 @@ def test_the_load_bound_passes_over_an_upstream_with_too_many_in_flight() -> Non
     looser bound it keeps them."""
     for bound, expect_home in ((1.5, False), (10.0, True)):
         gw = gateway([A, B], routing_load_bound=bound)
-        all_scraped(gw, [A, B], waiting=2)
+        for _ in range(2):  # a queue is one seen in two scrapes
+            all_scraped(gw, [A, B], waiting=2)
         first = route(gw, LONG_PROMPT)
         home = first.upstream
         other = B if home == A else A
@@ -479,7 +508,8 @@ def test_the_load_guard_keeps_a_hot_prefix_from_piling_onto_one_upstream(bound: 
     once the load guard passes it over: no upstream ever holds more than
     ceil(bound x average)."""
     gw = gateway(routing_scorers="prefix-affinity:5,queue-depth:1", routing_load_bound=bound)
-    all_scraped(gw, waiting=2, running=8)
+    for _ in range(2):  # a queue is one seen in two scrapes
+        all_scraped(gw, waiting=2, running=8)
     first = route(gw, LONG_PROMPT).upstream
     for sent in range(2, 101):
         route(gw, LONG_PROMPT)
@@ -573,6 +603,8 @@ class BrokenScorer:
             raise RuntimeError("dispatched exploded")
         if self.where == "dispatched-exits":
             raise SystemExit("dispatched exploded")
+        if self.where == "dispatched-cancelled":
+            raise asyncio.CancelledError
 
 
 class BrokenScorerPlugin:
@@ -609,6 +641,20 @@ def test_a_raising_scorer_plugin_is_named_in_the_log_and_the_request_still_route
     # and the next request is routed too
     route(gw, LONG_PROMPT)
     assert sum(in_flight(gw).values()) == 2
+
+
+def test_a_request_a_scorer_cancels_in_dispatched_is_not_left_in_flight() -> None:
+    """A cancellation raised from a scorer's ``dispatched()`` is passed on, and the
+    request it ends, which no one will finish, is not counted in flight for good."""
+    gw = gateway(
+        routing_scorers="broken:1,queue-depth:1",
+        plugins=[BrokenScorerPlugin("dispatched-cancelled")],
+    )
+    all_scraped(gw)
+    for _ in range(3):
+        with pytest.raises(asyncio.CancelledError):
+            route(gw, LONG_PROMPT)
+    assert sum(in_flight(gw).values()) == 0
 
 
 @pytest.mark.parametrize("where", ["appends", "clears"])

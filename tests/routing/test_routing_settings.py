@@ -132,20 +132,30 @@ def test_obleth_routing_scorers_reads_a_comma_list() -> None:
     ]
 
 
+@pytest.mark.parametrize("policy", ["weighted", "round-robin", "least-loaded"])
 @pytest.mark.parametrize(
     ("source", "label"),
     [("code", "routing_scorers"), ("env", "OBLETH_ROUTING_SCORERS")],
 )
 def test_an_unknown_scorer_stops_gateway_assembly_listing_the_installed_ones(
-    source: str, label: str
+    source: str, label: str, policy: str
 ) -> None:
-    """A scorer name no plugin offers stops startup; the message lists what is installed."""
+    """A scorer name no plugin offers stops startup, under the policies that do not use
+    the scorers too (docs/routing.md); the message lists what is installed."""
     if source == "env":
         settings = Settings.from_env(
-            {"OBLETH_UPSTREAMS": A, "OBLETH_ROUTING_SCORERS": "prefix-afinity:5,queue-depth:1"}
+            {
+                "OBLETH_UPSTREAMS": A,
+                "OBLETH_ROUTING_SCORERS": "prefix-afinity:5,queue-depth:1",
+                "OBLETH_ROUTING_POLICY": policy,
+            }
         )
     else:
-        settings = Settings(upstreams=[A], routing_scorers="prefix-afinity:5,queue-depth:1")
+        settings = Settings(
+            upstreams=[A],
+            routing_scorers="prefix-afinity:5,queue-depth:1",
+            routing_policy=policy,  # type: ignore[arg-type]
+        )
     with pytest.raises(ConfigError) as caught:
         Gateway(settings, entry_points=False)
     message = str(caught.value)
