@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import redis.connection
 
 from gateway.core.numbers import finite
+from gateway.errors import without_userinfo
 from gateway.settings.checks import AT_MOST_A_DAY, MAX_SECONDS, check_seconds
 
 if TYPE_CHECKING:
@@ -81,7 +82,15 @@ def check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
         raise settings.error(
             name, value, f"unknown scheme {scheme!r}; expected one of {', '.join(_REDIS_SCHEMES)}"
         )
-    url = urllib.parse.urlsplit(value.strip())
+    try:
+        url = urllib.parse.urlsplit(value.strip())
+    except ValueError as exc:  # an unclosed "[" of an IPv6 host, say
+        raise settings.error(
+            name,
+            without_userinfo(value.strip()),
+            f"not a URL that parses ({exc}); expected one like redis://redis:6379/0, "
+            "an IPv6 host in brackets: redis://[::1]:6379/0",
+        ) from None
     shown = _without_password(url)
     if scheme.endswith(("+sentinel", "+cluster")):
         # parsed where the client is built (connect.py), several hosts and all

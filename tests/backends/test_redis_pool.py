@@ -234,6 +234,46 @@ async def test_learning_window_after_redis_forgets_the_pool(own_pods: Pods) -> N
     assert (await pods.wait_empty(2)).empty
 
 
+@pytest.mark.parametrize("fault", ["flushed", "paused"])
+async def test_a_tenants_waiters_stay_first_come_first_served_across_a_fault(
+    own_pods: Pods, own_redis: RedisServer, fault: str
+) -> None:
+    """Waiters queued in Redis when it loses the pool are queued again, and when it stops
+    answering are taken over by the failure mode, in the order they came. They used to
+    go in the order of their ids as text, so the tenant's 10th to 12th requests went
+    before its 2nd."""
+    pods = own_pods
+    gateway = await pods.start(global_max_in_flight=1, redis_failure_mode="local")
+    holder = await gateway.scheduler.acquire(Ticket("t"))
+    granted: list[int] = []
+
+    async def request(n: int) -> None:
+        permit = await gateway.scheduler.acquire(Ticket("t"))
+        granted.append(n)
+        permit.release()
+
+    waiters = []
+    for n in range(12):
+        waiters.append(asyncio.create_task(request(n)))
+        assert await eventually(lambda n=n: _queued(pods, n + 1), 2)
+    if fault == "flushed":
+        await pods.client.flushall()
+        assert await eventually(lambda: _queued(pods, 12), 3 * TTL)  # queued again
+        holder.release()
+        await asyncio.wait_for(asyncio.gather(*waiters), 10)
+    else:
+        own_redis.pause()
+        try:
+            assert await eventually(lambda: _mode_is(gateway, "local"), 3 * TTL)
+            holder.release()
+            await asyncio.wait_for(asyncio.gather(*waiters), 10)
+        finally:
+            own_redis.resume()
+        assert await eventually(lambda: _mode_is(gateway, "redis"), 3 * TTL)
+    assert granted == list(range(12))
+    assert (await pods.wait_empty(2)).empty
+
+
 @pytest.mark.parametrize(
     ("mode", "admitted"),
     [("closed", 0), ("local", 2), ("open", 6)],
@@ -573,6 +613,33 @@ async def test_a_grant_without_a_wait_counts_its_round_trip_to_redis_as_waiting(
     permit = await asyncio.wait_for(gateway.scheduler.acquire(Ticket("t")), 5)
     assert permit.waited_s > 0, permit.waited_s
     permit.release()
+    assert (await pods.wait_empty(2)).empty
+
+
+async def test_a_request_gone_before_its_acquire_was_sent_leaves_no_waiter_in_redis(
+    pods: Pods,
+) -> None:
+    """A request cancelled while its acquire waits for the call under way to end (client
+    gone, a handler's timeout) used to leave a waiter in Redis with no request behind it:
+    the cancel rode in the same call as the acquire, and Redis runs cancels first. That
+    waiter took room in the queue, so a newcomer got ``queue_full`` with the queue half
+    empty."""
+    gateway = await pods.start(global_max_in_flight=1, max_queue=2, overflow_policy="drop-newest")
+    holder = await gateway.scheduler.acquire(Ticket("t"))
+    first = asyncio.create_task(gateway.scheduler.acquire(Ticket("t")))
+    await asyncio.sleep(0)  # its call to Redis is under way
+    gone = asyncio.create_task(gateway.scheduler.acquire(Ticket("t")))
+    await asyncio.sleep(0)  # its acquire waits for the next call
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    await backend(gateway).settled()
+    assert (await pods.audit()).waiters == 1
+    newcomer = asyncio.create_task(gateway.scheduler.acquire(Ticket("u")))
+    assert await eventually(lambda: _queued(pods, 2), 2)
+    holder.release()
+    (await asyncio.wait_for(first, 5)).release()
+    (await asyncio.wait_for(newcomer, 5)).release()
     assert (await pods.wait_empty(2)).empty
 
 

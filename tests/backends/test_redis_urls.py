@@ -14,6 +14,7 @@ import redis
 
 from gateway import ConfigError, Gateway, Settings
 from gateway.backends.redis.audit import audit_sync
+from gateway.backends.redis.connect import _hosts
 from gateway.core.tickets import Ticket
 from tests.cluster.pods import free_port
 from tests.redis_procs import RedisServer, find_redis_server
@@ -103,6 +104,22 @@ def test_bad_urls_stop_startup_naming_the_setting(url: str, complaint: str) -> N
     assert caught.value.setting == "OBLETH_REDIS_URL"
 
 
+def test_cluster_nodes_may_be_ipv6_hosts_with_or_without_a_port() -> None:
+    """``[::1]`` alone used to be refused as "not host:port"; a node without a port is on
+    6379, as a single host is."""
+    assert _hosts("redis+cluster://[::1],[::2]:7001,redis-0:7002", "redis_url") == [
+        ("::1", 6379),
+        ("::2", 7001),
+        ("redis-0", 7002),
+    ]
+
+
+def test_an_unparsable_url_is_shown_without_its_password() -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings(redis_url="redis://app:s3cret@[::1:6379/0")
+    assert "s3cret" not in str(caught.value)
+
+
 def test_an_unknown_scheme_is_refused_by_the_settings() -> None:
     with pytest.raises(ConfigError, match="unknown scheme 'http'"):
         Settings(redis_url="http://redis:6379")
@@ -115,6 +132,8 @@ def test_an_unknown_scheme_is_refused_by_the_settings() -> None:
         ("redis://localhost:99999/0", "the port must be a number from 1 to 65535"),
         ("redis:// bad host", "' bad host' is no host name or address"),
         ("redis://redis:6379/abc", "the path must be a database number"),
+        ("redis://[::1:6379/0", r"not a URL that parses .* redis://\[::1\]:6379/0"),
+        ("redis+cluster://[::1,[::2]:7000", "not a URL that parses"),
     ],
 )
 def test_a_url_redis_could_not_use_is_refused_by_the_settings(url: str, complaint: str) -> None:

@@ -208,6 +208,8 @@ class RedisBackend:
         state.confirming.discard(waiter_id)  # its cancel gives back the lease, if any
         if state.fallback is not None:
             state.fallback.forget(waiter_id)
+        if self._caller.withdraw(waiter_id):
+            return  # never sent: Redis has nothing to cancel
         state.batch.cancels.append(waiter_id)
         self._caller.kick()
 

@@ -133,6 +133,19 @@ class Caller:
         self._ops.append(SentAcquire(op, pending, answered))
         self.kick()
 
+    def withdraw(self, waiter_id: str) -> bool:
+        """Take back the acquire of ``waiter_id`` if it is still waiting for a call;
+        whether it was. A cancel sent in the same call would not find it: ``step.lua``
+        runs a call's cancels before its acquires, and the acquire would then queue in
+        Redis with no request behind it, holding room in the queue and the tenant's cap."""
+        acquires = self._pod.batch.acquires
+        for index, op in enumerate(acquires):
+            if op.id == waiter_id:
+                del acquires[index]
+                self._ops = [entry for entry in self._ops if entry.op.id != waiter_id]
+                return True
+        return False
+
     def kick(self) -> None:
         """Make sure a call will carry what was just added (now, or right after the current)."""
         pod = self._pod

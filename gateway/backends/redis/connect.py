@@ -79,13 +79,11 @@ def _hosts(url: str, setting: str) -> list[tuple[str, int]]:
     netloc = urlsplit(url).netloc.rsplit("@", 1)[-1]
     hosts = []
     for part in netloc.split(","):
-        host, _, port = part.strip().rpartition(":")
-        if not host:
-            host, port = port, "6379"
         try:
-            if not host:
+            node = urlsplit("//" + part.strip())  # an IPv6 host in brackets, a port or none
+            if not node.hostname or node.port == 0:
                 raise ValueError(part)
-            hosts.append((host.strip("[]"), int(port)))
+            hosts.append((node.hostname, 6379 if node.port is None else node.port))
         except ValueError:
             raise ConfigError(
                 setting,

@@ -84,10 +84,8 @@ class FailureMode:
         pod.confirming.clear()
         pod.batch.confirms.clear()
         # waiters queued in Redis can no longer hear of a grant: the failure mode takes them
-        for waiter_id in sorted(pod.confirmed):
-            pending = pod.waiting.get(waiter_id)
-            if pending is None:
-                continue
+        for waiter_id in pod.queued_in_redis():
+            pending = pod.waiting[waiter_id]
             pod.confirmed.discard(waiter_id)
             pod.batch.cancels.append(waiter_id)
             if not fallback.adopt(pending):

@@ -83,6 +83,14 @@ class PodState:
             return self._limit()
         return self.seen_limit
 
+    def queued_in_redis(self) -> list[str]:
+        """The waiters Redis said it queued, in the order they joined this pod's queue
+        (their ids' order is not it: ``pod.10`` sorts before ``pod.2``). Handed back to
+        Redis or to the failure mode in this order, a tenant's waiters stay first come,
+        first served."""
+        confirmed = self.confirmed
+        return [waiter_id for waiter_id in self.waiting if waiter_id in confirmed]
+
     def new_id(self) -> str:
         return f"{self.id}.{next(self._ids)}"
 

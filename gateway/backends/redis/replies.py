@@ -95,7 +95,7 @@ class Replies:
 
         leases = self._leases
         # waiters Redis knew before this call: after a new epoch it has forgotten them
-        known_before = sorted(pod.confirmed) if new_epoch else []
+        known_before = pod.queued_in_redis() if new_epoch else []
         # the lease of a grant made (or renewed) by this call; read in time, as replies
         # nearly always are, it needs no check of its own
         granted_until: int | None = reply.now_ms + self._ttl_ms
@@ -146,6 +146,8 @@ class Replies:
         if answer == "g":
             self._leases.on_note(Note(waiter_id, expires=granted_until))
         elif answer == "q":
+            # not waiting any more: cancelled (its cancel follows this call), or granted
+            # already by a message that overtook this reply, so no cancel from here
             if waiter_id in pod.waiting:
                 pod.confirmed.add(waiter_id)
         else:
