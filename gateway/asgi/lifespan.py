@@ -27,9 +27,11 @@ async def run_lifespan(
     reports it and does not serve; the app's own startup does not run then. A server that
     answers that message by raising into the app (hypercorn) ends here instead, with
     ``SystemExit(3)``: its own exception would end the process with a traceback of ours
-    that buries the line. If the app's startup fails, the gateway is stopped again. An app
-    that does not speak lifespan (it raises or returns without answering startup) is
-    answered for: startup completes with the gateway started, and shutdown stops it.
+    that buries the line. If the app's startup fails (it says so, or raises after taking
+    the startup message), the gateway is stopped again and the server hears what it
+    would without the gateway. An app that does not speak lifespan (it raises before
+    taking the startup message, or returns without answering it) is answered for: startup
+    completes with the gateway started, and shutdown stops it.
     """
     first = await receive()
     if first["type"] == "lifespan.startup":
@@ -64,6 +66,9 @@ async def run_lifespan(
         await app(scope, receive_after_startup, send_stopping_gateway)
     except Exception as exc:
         if answered or first["type"] != "lifespan.startup":
+            raise
+        if pending is None:  # it took the startup message: its startup failed
+            await gateway.stop()
             raise
         log.debug("the app does not speak lifespan (%r); the gateway answers it alone", exc)
     if not answered and first["type"] == "lifespan.startup":

@@ -78,6 +78,10 @@ class MemoryBackend:
             verdict.waiter.handle = future
             if verdict.evicted is not None:
                 _fail(verdict.evicted, self._reject("evicted"))
+            if queue.inflight < limit:
+                # seats are free, but not enough for the first in line: the newcomer may
+                # be the most deserving one that fits (as step.lua dispatches after queueing)
+                self._dispatch()
             return Pending(ticket, future, verdict.waiter)
         raise self._reject(verdict.reason)
 

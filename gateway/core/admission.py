@@ -127,7 +127,9 @@ def admit(
     if action == "wait":
         return Queued(queue.wait(ticket, now, handle))
     if action == "reject":
-        return Refused("queue_full" if queue.queue_full else "over_capacity")
+        # queue_full only when waiters fill it: with max_queue=0 nothing ever waits, and
+        # what the newcomer lacks is a seat
+        return Refused("queue_full" if queue.queued and queue.queue_full else "over_capacity")
     evicted = None
     if queue.queue_full:
         if action != "evict":

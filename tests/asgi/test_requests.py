@@ -785,6 +785,36 @@ def test_an_app_that_does_not_speak_lifespan_is_answered_for(how: str) -> None:
     assert lifespan_of(app) == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
 
 
+def test_an_app_whose_startup_raises_fails_the_servers_startup() -> None:
+    """An app that takes the startup message and then raises (its database is down) used
+    to be reported started, and served broken; the server now hears the exception, as
+    without the gateway (uvicorn with ``--lifespan on`` exits with status 3), and the
+    gateway is stopped again."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        raise ConnectionError("database unreachable")
+
+    outbox: list[str] = []
+
+    async def scenario() -> None:
+        gw = GatewayMiddleware(app, Settings())
+        inbox = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+
+        async def receive() -> Message:
+            return inbox.pop(0)
+
+        async def send(message: Message) -> None:
+            outbox.append(message["type"])
+
+        with pytest.raises(ConnectionError, match="database unreachable"):
+            await gw({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+        assert not gw.gateway.started
+
+    run(scenario)
+    assert outbox == []
+
+
 class FailingStart:
     """A plugin whose capacity provider ``down`` fails to start; ``stops`` counts the
     stops of the provider that started before it (``up``)."""

@@ -358,9 +358,11 @@ async def test_drop_newest_queues_while_there_is_room_then_answers_queue_full(
     await assert_drained(gateway)
 
 
-async def test_reject_answers_over_capacity_and_nothing_waits(make: Make) -> None:
-    """reject never queues: with no free seat the newcomer gets 503 ``over_capacity``."""
-    gateway = await make(global_max_in_flight=1, overflow_policy="reject")
+@pytest.mark.parametrize("max_queue", [4096, 0])
+async def test_reject_answers_over_capacity_and_nothing_waits(make: Make, max_queue: int) -> None:
+    """reject never queues: with no free seat the newcomer gets 503 ``over_capacity``,
+    ``max_queue=0`` included (it used to answer ``queue_full`` there)."""
+    gateway = await make(global_max_in_flight=1, overflow_policy="reject", max_queue=max_queue)
     holder = await gateway.scheduler.acquire(Ticket("a"))
     with pytest.raises(Rejected) as caught:
         await gateway.scheduler.acquire(Ticket("b"))
@@ -368,6 +370,25 @@ async def test_reject_answers_over_capacity_and_nothing_waits(make: Make) -> Non
     assert await waiters(gateway) == (0, 0)
     holder.release()
     (await gateway.scheduler.acquire(Ticket("b"))).release()
+    await assert_drained(gateway)
+
+
+async def test_a_request_that_fits_the_free_seats_is_not_held_behind_one_that_does_not(
+    make: Make,
+) -> None:
+    """Limit 3, a 2-seat request running: a 2-seat critical one waits for seats, and a
+    1-seat critical one of a tenant holding none, which is the more deserving of the two
+    and fits the free seat, runs at once. In process it used to wait for the next
+    release, while cluster mode granted it."""
+    gateway = await make(global_max_in_flight=3)
+    holder = await gateway.scheduler.acquire(Ticket("a", seats=2))
+    big = asyncio.create_task(gateway.scheduler.acquire(Ticket("a", "critical", seats=2)))
+    await settle(gateway)
+    small = await asyncio.wait_for(gateway.scheduler.acquire(Ticket("b", "critical")), 2)
+    assert not big.done()
+    small.release()
+    holder.release()
+    (await asyncio.wait_for(big, 2)).release()
     await assert_drained(gateway)
 
 

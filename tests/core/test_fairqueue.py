@@ -161,6 +161,17 @@ def test_full_queue_refuses_the_newcomer(action: OverflowAction, expected: Refus
     assert arrive(q, "b", 1, action=action) == expected
 
 
+@pytest.mark.parametrize("action", ["queue", "reject"])
+def test_with_no_queue_at_all_reject_answers_over_capacity(action: OverflowAction) -> None:
+    """With ``max_queue=0`` (nothing may wait), the built-in ``reject`` answers what the
+    newcomer lacks, a seat (``over_capacity``), as docs/configuration.md says; it used to
+    answer ``queue_full``. ``queue`` (drop-newest) still finds no room."""
+    q = FairQueue(max_queue=0)
+    arrive(q, "a", 1)
+    expected = "over_capacity" if action == "reject" else "queue_full"
+    assert arrive(q, "b", 1, action=action) == Refused(expected)
+
+
 def test_reject_policy_refuses_at_once_when_no_seat_is_free() -> None:
     """reject never queues: over_capacity while the queue is not full."""
     q = FairQueue(max_queue=10)

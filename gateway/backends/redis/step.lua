@@ -865,7 +865,8 @@ for at = 1, #acquires, 6 do
     else
       local full = nwait >= max_queue
       if action == 'reject' then
-        if full then answer = 'queue_full' else answer = 'over_capacity' end
+        -- queue_full only when waiters fill it (max_queue 0 leaves no queue to be full)
+        if full and nwait > 0 then answer = 'queue_full' else answer = 'over_capacity' end
       elseif full and action ~= 'evict' then
         answer = 'queue_full'
       else
