@@ -83,6 +83,13 @@ def document() -> dict[str, Any]:
                 "Error": schemas.error(),
             },
             "responses": {
+                "TimedOut": {
+                    "description": "The client was too slow: a request head not complete "
+                    "within `client_header_timeout_s` (`code` `header_timeout`), or a body "
+                    "that paused longer than `client_body_timeout_s` (`code` "
+                    "`body_timeout`; nothing changed). The connection is closed.",
+                    "content": _json(schemas.ref("Error")),
+                },
                 "Unauthorized": {
                     "description": "No token, a wrong one, or a scheme other than Bearer.",
                     "headers": {
@@ -93,7 +100,7 @@ def document() -> dict[str, Any]:
                         }
                     },
                     "content": _json(schemas.ref("Error")),
-                }
+                },
             },
         },
     }
@@ -125,6 +132,10 @@ def _json(schema: Schema) -> dict[str, Any]:
 
 def _error_response(description: str) -> dict[str, Any]:
     return {"description": description, "content": _json(schemas.ref("Error"))}
+
+
+def _timed_out() -> dict[str, Any]:
+    return {"$ref": "#/components/responses/TimedOut"}
 
 
 def _unauthorized() -> dict[str, Any]:
@@ -159,6 +170,7 @@ def _capacity_path() -> dict[str, Any]:
                 },
                 "400": _twice_authorized(),
                 "401": _unauthorized(),
+                "408": _timed_out(),
             },
         },
         "put": {
@@ -191,6 +203,7 @@ def _capacity_path() -> dict[str, Any]:
                     "sent more than once (`code` `invalid_header`); the limit stays."
                 ),
                 "401": _unauthorized(),
+                "408": _timed_out(),
                 "409": _error_response(
                     "No single capacity provider can take the limit (`code` `not_settable`)."
                 ),
@@ -219,6 +232,7 @@ def _status_path() -> dict[str, Any]:
                 "200": {"description": "The state.", "content": _json(schemas.ref("Status"))},
                 "400": _twice_authorized(),
                 "401": _unauthorized(),
+                "408": _timed_out(),
             },
         },
     }
@@ -232,7 +246,8 @@ def _public_path(operation: str, what: str, media_type: str, schema: Schema) -> 
             "summary": what,
             "security": [],
             "responses": {
-                "200": {"description": what, "content": {media_type: {"schema": schema}}}
+                "200": {"description": what, "content": {media_type: {"schema": schema}}},
+                "408": _timed_out(),
             },
         },
     }

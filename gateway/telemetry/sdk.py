@@ -147,15 +147,20 @@ def _exporter_names(environ: Mapping[str, str]) -> list[str]:
 def _exporter(name: str, environ: Mapping[str, str]) -> SpanExporter:
     wanted = name
     if name == "otlp":
-        protocol = (
-            environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-            or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-            or "http/protobuf"
+        # the traces' own variable first, as the SDK reads them; an error names the one set
+        variable = next(
+            (
+                v
+                for v in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+                if environ.get(v)
+            ),
+            None,
         )
+        protocol = "http/protobuf" if variable is None else environ[variable]
         wanted = _OTLP_BY_PROTOCOL.get(protocol.strip(), "")
         if not wanted:
             raise ConfigError(
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
+                variable or "OTEL_EXPORTER_OTLP_PROTOCOL",
                 protocol,
                 f"one of {', '.join(_OTLP_BY_PROTOCOL)}",
             )

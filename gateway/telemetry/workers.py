@@ -15,7 +15,9 @@ scraped answers with its own page rendered fresh plus the other workers' latest 
 - families are merged by name, one ``HELP``/``TYPE`` each: pages concatenated would be an
   exposition Prometheus refuses (a family's samples must be together, its ``TYPE`` once).
 - the other workers' figures are up to ``PUBLISH_INTERVAL_S`` (plus the time of one
-  publication) older than the scrape; the answering worker's own are of the moment.
+  publication) older than the scrape; the answering worker's own are of the moment, and
+  published as they are served: a later scrape that another worker answers shows them
+  or newer ones, so a counter never seems to go back however often Prometheus scrapes.
 - a file that cannot be read or parsed (a worker that never published yet has none: that
   is not a fault) is left out of the scrape, with a warning at most once a minute per
   file; a scrape never fails over another worker's page.
@@ -36,6 +38,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -133,11 +136,22 @@ class WorkerPages:
         self.interval_s = interval_s
         self._published: bytes | None = None
         self._complaints = Complaints()
+        # writes come from the loop (scrapes) and from a thread (publish): the page on
+        # disk is only ever replaced by one rendered later than it
+        self._lock = threading.Lock()
+        self._rendered = 0
+        self._written = 0
 
     def scrape(self) -> bytes:
         """Every worker's series, each with its ``worker`` label, as Prometheus text: this
-        worker's of this moment, the others' as last published."""
-        pages = [(str(self.slot), self.render().decode())]
+        worker's of this moment (published at once), the others' as last published."""
+        generation, own = self._render()
+        try:
+            self._write(generation, own)
+            self._published = own
+        except OSError as exc:  # served all the same; the publisher tries again
+            self._complain(page_path(self.directory, self.slot), exc)
+        pages = [(str(self.slot), own.decode())]
         for slot, path in self._others():
             try:
                 pages.append((str(slot), path.read_text(encoding="utf-8")))
@@ -151,11 +165,11 @@ class WorkerPages:
         """Write this worker's page for the others, if it changed since the last time
         (atomically: a temporary file beside it, then ``os.replace``). A failure is logged,
         at most once a minute, and tried again next time."""
-        body = self.render()  # on the loop: the instruments' callbacks read the gateway
+        generation, body = self._render()  # on the loop: the callbacks read the gateway
         if body == self._published:
             return
         try:
-            await asyncio.to_thread(self._write, body)
+            await asyncio.to_thread(self._write, generation, body)
         except OSError as exc:
             if self._complaints.may("publish"):
                 log.warning(
@@ -184,11 +198,20 @@ class WorkerPages:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_s)
 
-    def _write(self, body: bytes) -> None:
-        path = page_path(self.directory, self.slot)
-        scratch = path.with_name(f".{path.name}.tmp")  # not a page: ``_others`` skips it
-        scratch.write_bytes(body)
-        os.replace(scratch, path)
+    def _render(self) -> tuple[int, bytes]:
+        self._rendered += 1
+        return self._rendered, self.render()
+
+    def _write(self, generation: int, body: bytes) -> None:
+        """Put ``body`` on disk unless a page rendered after it is there already."""
+        with self._lock:
+            if generation <= self._written:
+                return
+            path = page_path(self.directory, self.slot)
+            scratch = path.with_name(f".{path.name}.tmp")  # not a page: ``_others`` skips it
+            scratch.write_bytes(body)
+            os.replace(scratch, path)
+            self._written = generation
 
     def _others(self) -> Iterator[tuple[int, Path]]:
         """The other workers' pages, by slot."""

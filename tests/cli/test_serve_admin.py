@@ -95,6 +95,10 @@ def test_the_admin_port_answers_the_probes_and_cuts_off_slow_clients() -> None:
         body = _whole_answer(admin_port, put)
         assert body.startswith(b"HTTP/1.1 408 ") and b"body_timeout" in body
         assert http.get(f"{admin}/api/v1/capacity", headers=BEARER).json() == {"max_in_flight": 7}
+        # and the API's document says so, for a client generated from it
+        paths = http.get(f"{admin}/api/v1/openapi.json").json()["paths"]
+        assert "408" in paths["/api/v1/status"]["get"]["responses"]
+        assert "408" in paths["/api/v1/capacity"]["put"]["responses"]
 
 
 def test_an_admin_port_in_use_stops_serve_with_one_line_naming_the_flag() -> None:

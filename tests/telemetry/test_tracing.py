@@ -239,3 +239,20 @@ def test_an_exporter_that_is_not_installed_stops_serve_naming_the_variable(
     err = capsys.readouterr().err
     assert err.startswith("obleth: OTEL_TRACES_EXPORTER='zipkin': an installed span exporter")
     assert "pip install" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "variable", ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"]
+)
+def test_an_unknown_otlp_protocol_stops_serve_naming_the_variable_that_was_set(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], variable: str
+) -> None:
+    """The traces' own variable used to be reported as the general one, which the
+    operator never set."""
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
+    monkeypatch.setenv(variable, "http/json")
+    assert main(["serve", "--upstream", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"obleth: {variable}='http/json': one of http/protobuf, grpc")

@@ -90,6 +90,25 @@ def test_a_scrape_shows_its_own_page_fresh_and_the_others_as_published(
     assert "worker-2.prom" in caplog.text and caplog.text.count("leaves out") == 1
 
 
+def test_a_counter_never_goes_back_between_scrapes_answered_by_different_workers(
+    tmp_path: Path,
+) -> None:
+    """Worker 0 answers a scrape with its count of the moment; the next scrape, a second
+    later, lands on worker 1 before worker 0 published again. It used to show worker 0's
+    older published count, a drop Prometheus reads as a counter reset; what a worker
+    serves is now published as it is served."""
+    count = [3]
+    zero = WorkerPages(lambda: (COUNTER % count[0]).encode(), tmp_path, 0)
+    one = WorkerPages(lambda: (COUNTER % 7).encode(), tmp_path, 1)
+    asyncio.run(zero.publish())  # its last publication: 3
+    count[0] = 5
+    on_zero = samples(zero.scrape().decode())
+    on_one = samples(one.scrape().decode())
+    key = ("obleth_requests_total", (("outcome", "completed"), ("worker", "0")))
+    assert on_zero[key] == 5
+    assert on_one[key] == 5
+
+
 def test_a_page_is_replaced_whole_and_only_when_it_changed(tmp_path: Path) -> None:
     """``publish`` writes beside and renames: a reader sees a whole page; an unchanged
     page is not written again."""
