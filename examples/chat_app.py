@@ -16,6 +16,7 @@ watch the gate: with the limit at 2, a third request at the same time waits for 
 holds its seat until its last chunk. The endpoint reads what the gateway decided from
 ``request.state.obleth`` and returns it in ``x-obleth-tenant`` and ``x-obleth-waited-ms``
 headers. ``/healthz`` is one of the gateway's exempt paths: it answers during overload.
+``GET /stats`` tells how many requests the app served at once: never more than the limit.
 A request without the tenant header belongs to its bearer API key (a hash of it).
 """
 
@@ -30,8 +31,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from examples.pretend_model import WORD_S, Chat, InvalidChat
+from examples.pretend_model import WORD_S, Chat, InFlight, InvalidChat
 from gateway import GatewayMiddleware
+
+in_flight = InFlight()
 
 
 async def chat_completions(request: Request) -> Response:
@@ -46,14 +49,20 @@ async def chat_completions(request: Request) -> Response:
     }
     if chat.stream:
         return StreamingResponse(_written(chat), media_type="text/event-stream", headers=headers)
-    await asyncio.sleep(chat.seconds)
+    with in_flight:
+        await asyncio.sleep(chat.seconds)
     return JSONResponse(chat.completion(), headers=headers)
 
 
 async def _written(chat: Chat) -> AsyncIterator[str]:
-    for event in chat.events():
-        await asyncio.sleep(WORD_S)
-        yield event
+    with in_flight:
+        for event in chat.events():
+            await asyncio.sleep(WORD_S)
+            yield event
+
+
+async def stats(request: Request) -> Response:
+    return JSONResponse(in_flight.stats())
 
 
 async def healthz(request: Request) -> Response:
@@ -64,6 +73,7 @@ app = Starlette(
     routes=[
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/healthz", healthz),
+        Route("/stats", stats),
     ]
 )
 # settings from the OBLETH_* environment; a bad value stops the server's startup, naming it

@@ -42,6 +42,7 @@ def test_chat_app_answers_503_past_the_limit_while_streams_hold_the_seats() -> N
                     assert [line async for line in lines if line][-1] == "data: [DONE]"
             # the streams gave their seats back at their last chunk
             after = await http.post(CHAT, json=ASK, headers={"authorization": "Bearer sk-ex"})
+            stats = (await http.get("/stats")).json()
 
         assert over.status_code == 503 and "retry-after" in over.headers
         assert over.json()["error"]["code"] == "over_capacity"
@@ -49,6 +50,7 @@ def test_chat_app_answers_503_past_the_limit_while_streams_hold_the_seats() -> N
         assert after.status_code == 200
         assert after.headers["x-obleth-tenant"] == tenant_of_key("sk-ex")
         assert after.json()["choices"][0]["message"]["content"].endswith("tenants.")
+        assert stats == {"in_flight": 0, "peak": 2, "served": 3}  # never above the limit
 
     with chat_app(
         global_max_in_flight="2", tenant_header="x-tenant", overflow_policy="reject"
