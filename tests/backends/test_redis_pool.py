@@ -643,6 +643,21 @@ async def test_a_request_gone_before_its_acquire_was_sent_leaves_no_waiter_in_re
     assert (await pods.wait_empty(2)).empty
 
 
+async def test_stopping_answers_a_request_whose_acquire_was_not_sent_yet(pods: Pods) -> None:
+    """``stop()`` answers every waiter 503 ``unavailable``, one whose acquire still waits
+    for the call under way to end too (taking its acquire back must not leave it
+    waiting for an answer from Redis that will never come)."""
+    gateway = await pods.start(global_max_in_flight=1)
+    await gateway.scheduler.acquire(Ticket("t"))
+    waiters = [asyncio.create_task(gateway.scheduler.acquire(Ticket("t")))]
+    await asyncio.sleep(0)  # its call to Redis is under way
+    waiters.append(asyncio.create_task(gateway.scheduler.acquire(Ticket("t"))))
+    await asyncio.sleep(0)  # its acquire waits for the next call
+    await asyncio.wait_for(gateway.stop(), 5)
+    for outcome in await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 5):
+        assert isinstance(outcome, Rejected) and outcome.reason == "unavailable", outcome
+
+
 async def test_a_silent_pod_holds_the_roll_call_until_its_liveness_passes(
     own_pods: Pods,
 ) -> None:

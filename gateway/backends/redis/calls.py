@@ -142,6 +142,11 @@ class Caller:
         for index, op in enumerate(acquires):
             if op.id == waiter_id:
                 del acquires[index]
+                for entry in self._ops:
+                    # a caller still in acquire() (``stop`` cancels those) reads its answer
+                    # from the pending, failed or granted by whoever cancelled
+                    if entry.op.id == waiter_id and entry.answered and not entry.answered.done():
+                        entry.answered.set_result(None)
                 self._ops = [entry for entry in self._ops if entry.op.id != waiter_id]
                 return True
         return False
