@@ -82,6 +82,16 @@ def check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
         raise settings.error(
             name, value, f"unknown scheme {scheme!r}; expected one of {', '.join(_REDIS_SCHEMES)}"
         )
+    if scheme.endswith(("+sentinel", "+cluster")):
+        # parsed where the client is built (connect.py), several hosts and all
+        netloc, _ = split_hosts(value.strip())
+        if not any(part.strip() for part in netloc.rsplit("@", 1)[-1].split(",")):
+            raise settings.error(
+                name,
+                shown_url(value.strip()),
+                f"expected at least one host: {scheme}://host:port,host:port/...",
+            )
+        return value.strip()
     try:
         url = urllib.parse.urlsplit(value.strip())
     except ValueError as exc:  # an unclosed "[" of an IPv6 host, say
@@ -92,13 +102,6 @@ def check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
             "an IPv6 host in brackets: redis://[::1]:6379/0",
         ) from None
     shown = _without_password(url)
-    if scheme.endswith(("+sentinel", "+cluster")):
-        # parsed where the client is built (connect.py), several hosts and all
-        if not any(part.strip() for part in url.netloc.rsplit("@", 1)[-1].split(",")):
-            raise settings.error(
-                name, shown, f"expected at least one host: {scheme}://host:port,host:port/..."
-            )
-        return value.strip()
     if scheme == "unix":
         return _with_options(settings, name, value.strip(), shown)
     try:
@@ -129,7 +132,21 @@ def _with_options(settings: Settings, name: str, value: str, shown: str) -> str:
 
 def shown_url(url: str) -> str:
     """``url`` for a message or a log line: a password in it is replaced by ``***``."""
-    return _without_password(urllib.parse.urlsplit(url))
+    try:
+        return _without_password(urllib.parse.urlsplit(url))
+    except ValueError:  # several hosts, IPv6 ones among them: urlsplit refuses those
+        return without_userinfo(url)
+
+
+def split_hosts(url: str) -> tuple[str, urllib.parse.SplitResult]:
+    """``(netloc, the rest)`` of a URL naming several hosts (``redis+cluster://``,
+    ``redis+sentinel://``): the netloc as written, ``user:password@`` included, and the
+    path, query and fragment parsed. ``urlsplit`` cannot be given the whole URL: Python
+    releases with the fix of CVE-2024-11168 refuse a netloc where anything precedes
+    ``[``, as in ``h1:7000,[::2]:7000``."""
+    scheme, _, rest = url.partition("://")
+    end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    return rest[:end], urllib.parse.urlsplit(f"{scheme}://hosts{rest[end:]}")
 
 
 def _without_password(url: urllib.parse.SplitResult) -> str:

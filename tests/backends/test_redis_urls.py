@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -96,6 +98,7 @@ def _wait_for_sentinel(port: int) -> None:
     [
         ("redis+sentinel://127.0.0.1:26379", "name the Sentinel service"),
         ("redis+cluster://127.0.0.1:notaport", "is not host:port"),
+        ("redis+cluster://[::1,[::2]:7000", "'\\[::1' is not host:port"),
     ],
 )
 def test_bad_urls_stop_startup_naming_the_setting(url: str, complaint: str) -> None:
@@ -104,14 +107,32 @@ def test_bad_urls_stop_startup_naming_the_setting(url: str, complaint: str) -> N
     assert caught.value.setting == "OBLETH_REDIS_URL"
 
 
-def test_cluster_nodes_may_be_ipv6_hosts_with_or_without_a_port() -> None:
-    """``[::1]`` alone used to be refused as "not host:port"; a node without a port is on
-    6379, as a single host is."""
-    assert _hosts("redis+cluster://[::1],[::2]:7001,redis-0:7002", "redis_url") == [
-        ("::1", 6379),
-        ("::2", 7001),
-        ("redis-0", 7002),
-    ]
+def _strict_urlsplit(url: str, *args: Any, **kwargs: Any) -> urllib.parse.SplitResult:
+    """``urlsplit`` as Python releases with the fix of CVE-2024-11168 (3.12.8, 3.13.1,
+    3.11.11 and distributions' backports) have it: nothing may precede a ``[`` in the
+    netloc, and only a port may follow its ``]``."""
+    parts = _URLSPLIT(url, *args, **kwargs)
+    before, bracket, inside = parts.netloc.rpartition("@")[2].partition("[")
+    after = inside.partition("]")[2]
+    if bracket and (before or (after and not after.startswith(":"))):
+        raise ValueError("Invalid IPv6 URL")
+    return parts
+
+
+_URLSPLIT = urllib.parse.urlsplit
+
+
+@pytest.mark.parametrize("scheme", ["redis+cluster", "redis+sentinel"])
+def test_node_lists_may_hold_ipv6_hosts_with_or_without_a_port(
+    monkeypatch: pytest.MonkeyPatch, scheme: str
+) -> None:
+    """``[::1]`` alone used to be refused as "not host:port", and on Python releases that
+    check bracketed hosts, any list with an IPv6 host after another node was refused as
+    not a URL; a node without a port is on 6379, as a single host is."""
+    monkeypatch.setattr(urllib.parse, "urlsplit", _strict_urlsplit)
+    url = f"{scheme}://app:s3cret@redis-0:7002,[::1],[::2]:7001/mymaster/0"
+    assert Settings(redis_url=url).redis_url == url
+    assert _hosts(url, "redis_url") == [("redis-0", 7002), ("::1", 6379), ("::2", 7001)]
 
 
 def test_an_unparsable_url_is_shown_without_its_password() -> None:
@@ -133,7 +154,6 @@ def test_an_unknown_scheme_is_refused_by_the_settings() -> None:
         ("redis:// bad host", "' bad host' is no host name or address"),
         ("redis://redis:6379/abc", "the path must be a database number"),
         ("redis://[::1:6379/0", r"not a URL that parses .* redis://\[::1\]:6379/0"),
-        ("redis+cluster://[::1,[::2]:7000", "not a URL that parses"),
     ],
 )
 def test_a_url_redis_could_not_use_is_refused_by_the_settings(url: str, complaint: str) -> None:

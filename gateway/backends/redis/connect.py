@@ -17,6 +17,7 @@ from redis.asyncio.sentinel import Sentinel
 
 from gateway.errors import ConfigError
 from gateway.settings import shown_url
+from gateway.settings.cluster import split_hosts
 
 Client = aioredis.Redis | RedisCluster
 
@@ -76,7 +77,7 @@ class _SentinelMaster(aioredis.Redis):
 
 
 def _hosts(url: str, setting: str) -> list[tuple[str, int]]:
-    netloc = urlsplit(url).netloc.rsplit("@", 1)[-1]
+    netloc = split_hosts(url)[0].rsplit("@", 1)[-1]
     hosts = []
     for part in netloc.split(","):
         try:
@@ -94,25 +95,28 @@ def _hosts(url: str, setting: str) -> list[tuple[str, int]]:
 
 
 def _credentials(url: str) -> dict[str, Any]:
-    parts = urlsplit(url)
+    netloc = split_hosts(url)[0]
+    userinfo = netloc.rpartition("@")[0]
+    user, _, password = userinfo.partition(":")
     found = {}
-    if parts.username:
-        found["username"] = unquote(parts.username)
-    if parts.password:
-        found["password"] = unquote(parts.password)
+    if user:
+        found["username"] = unquote(user)
+    if password:
+        found["password"] = unquote(password)
     return found
 
 
 def _sentinel_path(url: str, setting: str) -> tuple[str, int]:
     """``redis+sentinel://host:26379,host2:26379/<service>[/<db>]``."""
-    parts = [p for p in urlsplit(url).path.split("/") if p]
+    rest = split_hosts(url)[1]
+    parts = [p for p in rest.path.split("/") if p]
     if not parts:
         raise ConfigError(
             setting,
             shown_url(url),
             "name the Sentinel service: redis+sentinel://host:26379/mymaster/0",
         )
-    db = parts[1] if len(parts) > 1 else parse_qs(urlsplit(url).query).get("db", ["0"])[0]
+    db = parts[1] if len(parts) > 1 else parse_qs(rest.query).get("db", ["0"])[0]
     try:
         return parts[0], int(db)
     except ValueError:
