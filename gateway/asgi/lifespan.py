@@ -27,18 +27,20 @@ async def run_lifespan(
     reports it and does not serve; the app's own startup does not run then. A server that
     answers that message by raising into the app (hypercorn) ends here instead, with
     ``SystemExit(3)``: its own exception would end the process with a traceback of ours
-    that buries the line. If the app's startup fails (it says so, or raises after taking
-    the startup message), the gateway is stopped again and the server hears what it
-    would without the gateway. An app that does not speak lifespan (it raises before
-    taking the startup message, or returns without answering it) is answered for: startup
-    completes with the gateway started, and shutdown stops it.
+    that buries the line. If the app's startup fails, the gateway is stopped again; an app
+    that raises after taking the startup message is reported as the gateway's own
+    failure is, so that every server stops (uvicorn's ``--lifespan auto``, hypercorn and
+    granian would otherwise take the exception for lifespan unsupported, serve, and
+    never stop the gateway the next request starts). An app that does not speak lifespan
+    (it raises before taking the startup message, or returns without answering it) is
+    answered for: startup completes with the gateway started, and shutdown stops it.
     """
     first = await receive()
     if first["type"] == "lifespan.startup":
         try:
             await gateway.start()
         except Exception as exc:
-            await _fail_startup(send, exc)
+            await _fail_startup(send, exc, "the gateway could not start")
             return
     pending: Message | None = first
 
@@ -69,7 +71,8 @@ async def run_lifespan(
             raise
         if pending is None:  # it took the startup message: its startup failed
             await gateway.stop()
-            raise
+            await _fail_startup(send, exc, "the app's startup raised")
+            return
         log.debug("the app does not speak lifespan (%r); the gateway answers it alone", exc)
     if not answered and first["type"] == "lifespan.startup":
         await _answer_alone(gateway, receive, send)
@@ -88,12 +91,12 @@ async def _answer_alone(gateway: Gateway, receive: Receive, send: Send) -> None:
             return
 
 
-async def _fail_startup(send: Send, error: Exception) -> None:
-    """Report ``error`` and tell the server that startup failed; if the server raises at
-    that (hypercorn's ``LifespanFailureError``), end the process quietly with status 3,
-    as uvicorn and gunicorn end one whose app failed to start."""
-    message = str(error)
-    log.error("the gateway could not start: %s", message)
+async def _fail_startup(send: Send, error: Exception, what: str) -> None:
+    """Report ``error`` (``what`` failed) and tell the server that startup failed; if the
+    server raises at that (hypercorn's ``LifespanFailureError``), end the process quietly
+    with status 3, as uvicorn and gunicorn end one whose app failed to start."""
+    message = str(error) or type(error).__name__
+    log.error("%s: %s", what, message)
     try:
         await send({"type": "lifespan.startup.failed", "message": message})
     except Exception:
