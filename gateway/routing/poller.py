@@ -194,11 +194,11 @@ class Poller:
         if isinstance(scrape, str):
             self._scrape_failed(upstream, scrape)
             reading = replace(self._readings.get(upstream), healthy=healthy)
-        else:
-            self._scrape_passed(upstream)
-            text, at = scrape
-            reading = reading_from_text(upstream, text, at, healthy)
-        self._readings.update(reading)
+            self._readings.update(reading, scraped=False)
+            return
+        self._scrape_passed(upstream)
+        text, at = scrape
+        self._readings.update(reading_from_text(upstream, text, at, healthy))
 
     def _judge_health(self, upstream: str, problem: str | None) -> bool:
         """The health verdict after this check, logging a change of state."""

@@ -103,15 +103,15 @@ class Readings:
         when = self.clock() if now is None else now
         return self._latest[upstream].age_s(when) > self.stale_after_s
 
-    def update(self, reading: Reading) -> None:
-        """Record a new reading (the poller's job; tests may call it too)."""
+    def update(self, reading: Reading, *, scraped: bool = True) -> None:
+        """Record a new reading (the poller's job; tests may call it too). ``scraped``
+        False: no new numbers (the scrape failed), only the health verdict is new."""
         if reading.upstream not in self._latest:
             raise KeyError(f"{reading.upstream!r} is not a configured upstream")
         previous = self._latest[reading.upstream]
-        if reading.at != previous.at:
+        if scraped:
             # A queue is one seen in two scrapes: a first scrape, or one after a scrape
-            # with no figure, has nothing to confirm it. A failed scrape re-records the
-            # numbers it had (same ``at``) and confirms nothing either.
+            # with no figure, has nothing to confirm it.
             waiting = 0.0
             if previous.waiting is not None and reading.waiting is not None:
                 waiting = min(reading.waiting, previous.waiting)

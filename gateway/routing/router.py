@@ -221,22 +221,20 @@ class Router:
         ``model`` (``Reading.models``), when some upstream's metrics do name it: a fleet
         where each upstream serves its own model routes by model with no list
         configured. Upstreams whose metrics name no model stay, and so do those with a
-        configured model list; an unhealthy upstream's metrics are not read. When no metrics name
+        configured model list (it wins over their metrics). When no metrics name
         ``model``, ``serving`` as it is: a model may be served under a name the metrics
         do not show (a LoRA adapter, an alias), and the upstreams are the ones to say."""
         if model is None or len(serving) < 2:
             return serving
-        # A configured list wins over the metrics; a failing upstream's last metrics
-        # are old news, and must not leave the others out.
         readings, listed = self.fleet.readings, self.upstreams
-        named = [
-            None if listed[u].models is not None or not (r := readings.get(u)).healthy else r.models
-            for u in serving
-        ]
+        named = [readings.get(u).models for u in serving]
         if not any(models and model in models for models in named):
             return serving
+        # a configured list wins over the metrics: such an upstream stays
         return [
-            u for u, models in zip(serving, named, strict=True) if not models or model in models
+            u
+            for u, models in zip(serving, named, strict=True)
+            if not models or model in models or listed[u].models is not None
         ]
 
     def _healthy(self, serving: list[str], model: str | None) -> list[str]:

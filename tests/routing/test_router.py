@@ -129,28 +129,22 @@ def test_without_model_lists_the_models_the_metrics_name_filter_the_upstreams() 
 def test_a_configured_model_list_wins_over_the_metrics_of_other_upstreams() -> None:
     """An upstream configured for a model stays a candidate for it whatever its metrics
     name (a served alias), beside the upstreams whose metrics name the model."""
-    gw = gateway([f"{A}=llama", B], routing_scorers="queue-depth:1")
+    gw = gateway([f"{A}=llama", B, C], routing_scorers="queue-depth:1")
     now = time.monotonic()
-    for url, models in ((A, {"llama-3-8b"}), (B, {"llama"})):
+    for url, models in ((A, {"llama-3-8b"}), (B, {"llama"}), (C, {"mistral"})):
         gw.readings.update(
             Reading(url, healthy=True, waiting=0.0, running=0.0, at=now, models=frozenset(models))
         )
     decision = route(gw, model="llama")
-    assert set(decision.ranking) == {A, B}
-
-
-def test_a_failing_upstreams_last_metrics_leave_no_one_out() -> None:
-    """When the only upstream whose metrics named the model fails its health checks, the
-    upstreams that may serve the model by the configuration take its requests, not a 503."""
-    gw = gateway([A, B], routing_scorers="queue-depth:1")
-    now = time.monotonic()
-    for url, models, healthy in ((A, {"base"}, True), (B, {"llama"}, False)):
-        gw.readings.update(
-            Reading(
-                url, healthy=healthy, waiting=0.0, running=0.0, at=now, models=frozenset(models)
-            )
-        )
-    assert route(gw, model="llama").upstream == A
+    assert set(decision.ranking) == {A, B}  # C's metrics name another model only
+    decision.finish()
+    gw.readings.update(  # B fails its health checks; its last metrics still name llama
+        Reading(B, healthy=False, waiting=0.0, running=0.0, at=now, models=frozenset({"llama"}))
+    )
+    for _ in range(5):
+        decision = route(gw, model="llama")
+        assert decision.ranking == [A]  # not a 503 while A is healthy, never C
+        decision.finish()
 
 
 def test_a_request_naming_no_model_may_go_anywhere() -> None:
