@@ -148,7 +148,6 @@ class WorkerPages:
         generation, own = self._render()
         try:
             self._write(generation, own)
-            self._published = own
         except OSError as exc:  # served all the same; the publisher tries again
             self._complain(page_path(self.directory, self.slot), exc)
         pages = [(str(self.slot), own.decode())]
@@ -180,7 +179,6 @@ class WorkerPages:
                     exc,
                 )
             return
-        self._published = body
 
     def serving(self, app: ASGIApp) -> ASGIApp:
         """``app``, publishing this worker's page every ``interval_s`` from its lifespan's
@@ -203,7 +201,8 @@ class WorkerPages:
         return self._rendered, self.render()
 
     def _write(self, generation: int, body: bytes) -> None:
-        """Put ``body`` on disk unless a page rendered after it is there already."""
+        """Put ``body`` on disk unless a page rendered after it is there already; what is
+        on disk is then ``_published``."""
         with self._lock:
             if generation <= self._written:
                 return
@@ -212,6 +211,7 @@ class WorkerPages:
             scratch.write_bytes(body)
             os.replace(scratch, path)
             self._written = generation
+            self._published = body
 
     def _others(self) -> Iterator[tuple[int, Path]]:
         """The other workers' pages, by slot."""
