@@ -6,6 +6,7 @@ which any pod sets; the lease changes hands when its holder stops or falls silen
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -203,6 +204,39 @@ async def test_a_provider_read_on_every_decision_reaches_the_pool_on_the_heartbe
     leader = await one_leader(gateways)
     gauges[gateways.index(leader)].value = 2
     assert await eventually(lambda: limits_are(gateways, 2), 3 * TTL)
+
+
+class FailingGauge(Gauge):
+    """A gauge that raises once ``failing`` is set."""
+
+    failing = False
+
+    def max_in_flight(self) -> int:
+        if self.failing:
+            raise ConnectionError("metrics endpoint unreachable")
+        return self.value
+
+
+async def test_a_provider_failing_on_the_leader_is_named_in_the_log(
+    pods: DialPods, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every pod enforces the pool's value and never reads the leader's provider itself,
+    so the leader's own read is the only one that sees it fail: it is logged there, by
+    name, and the pool keeps the last good value (as a provider failing in process is
+    handled). It used to go unseen."""
+    gauge = FailingGauge(5)
+    gateway = await pods.start_with(gauge, global_max_in_flight=20)
+    await one_leader([gateway])
+    assert await eventually(lambda: limits_are([gateway], 5), 3 * TTL)
+    gauge.failing = True
+
+    async def logged() -> bool:
+        return "capacity provider 'dial' raised ConnectionError" in caplog.text
+
+    with caplog.at_level(logging.ERROR, logger="obleth"):
+        assert await eventually(logged, 3 * TTL), caplog.text
+    assert "the pool keeps its last good value, 5" in caplog.text
+    assert gateway.snapshot().limit == 5
 
 
 async def test_a_value_no_pod_computes_any_more_stops_counting(pods: DialPods) -> None:

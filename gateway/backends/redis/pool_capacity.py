@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 from gateway.backends.redis.wire import ComputedValue, PoolLimits
 from gateway.capacity import ProviderFailed, ceiling_of, is_computed
+from gateway.complaints import Complaints
 from gateway.faults import PASSED_ON
 from gateway.protocols import CapacityProvider
 
@@ -53,6 +54,7 @@ class PoolCapacity:
         self.own_changed: Callable[[], None] = _ignore
         self.leading: Callable[[], bool] = lambda: False
         self._own_good: dict[str, int] = {}
+        self._complaints = Complaints()
         self._syncing = False
         self._ceiling = default_ceiling
         for provider in self._settable:
@@ -90,8 +92,16 @@ class PoolCapacity:
         answer; left out if it never answered well): what the lease holder sends."""
         for name, value in self.values.items():
             own = _good_answer(value.provider)
-            if own is not None:
+            if isinstance(own, int):
                 self._own_good[name] = own
+            elif self._complaints.may(name):
+                # every pod reads the pool's value, not this one: no one else would say
+                log.error(
+                    "capacity provider %r %s; the pool keeps its last good value, %s",
+                    name,
+                    own,
+                    self._own_good.get(name, "none yet"),
+                )
         return dict(self._own_good)
 
     def hear(self, limits: PoolLimits, cver: int, *, ceiling_pending: bool) -> None:
@@ -189,17 +199,16 @@ class AnnouncedPoolValue(PoolValue):
             return None  # the provider's own failed: Capacity reads it, logs, keeps the last
 
 
-def _good_answer(provider: CapacityProvider) -> int | None:
-    """The provider's answer if it is a whole number >= 0; None for anything else, a raise
-    included (``Capacity`` logs it, by name, when it reads the provider)."""
+def _good_answer(provider: CapacityProvider) -> int | str:
+    """The provider's answer if it is a whole number >= 0; else what was wrong with it."""
     try:
         value = provider.max_in_flight()
     except PASSED_ON:
         raise
-    except BaseException:
-        return None
+    except BaseException as exc:
+        return f"raised {exc!r}"
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
+        return f"returned {value!r}, not an int >= 0"
     return value
 
 

@@ -135,6 +135,46 @@ def test_a_pause_keeps_the_limit_of_before_for_when_admissions_resume() -> None:
     assert provider.max_in_flight() == 30
 
 
+def test_a_ceiling_lowered_for_a_while_caps_the_limit_learnt_without_changing_it() -> None:
+    """The law cut to 44; the operator lowers the ceiling to 20 for a few rounds, then
+    raises it to 64: the limit is 44 again, and the gateway hears of each change. Holds
+    used to store the capped value, so the limit stayed 20 (and, on an idle fleet, a
+    ceiling raised above the first one never raised the limit)."""
+    ceiling = [64]
+    provider = KvPressureLimit(Knobs(), None)
+    readings = Readings([A, B], stale_after_s=60.0)
+    provider.use_ceiling(lambda: ceiling[0])
+    provider.use_readings(readings)
+    told: list[int] = []
+    provider.subscribe(lambda: told.append(provider.max_in_flight()))
+    poll(readings, reading(A, preemptions=1))
+    poll(readings, reading(A, preemptions=4))  # a cut: 64 -> 44
+    ceiling[0] = 20
+    for _ in range(3):
+        poll(readings, reading(A, preemptions=4, running=1, kv_usage=0.5))  # holds
+    assert provider.max_in_flight() == 20
+    ceiling[0] = 64
+    poll(readings, reading(A, preemptions=4, running=1, kv_usage=0.5))
+    assert provider.max_in_flight() == 44
+    assert told == [44, 20, 44]
+    ceiling[0] = 100
+    assert provider.max_in_flight() == 44
+
+
+def test_on_an_idle_fleet_a_raised_ceiling_raises_the_limit_at_once() -> None:
+    """Installing the provider changes nothing until the backends show pressure: without
+    a cut, the limit is the ceiling, wherever the operator moves it."""
+    ceiling = [100]
+    provider = KvPressureLimit(Knobs(), None)
+    readings = Readings([A, B], stale_after_s=60.0)
+    provider.use_ceiling(lambda: ceiling[0])
+    provider.use_readings(readings)
+    for _ in range(3):
+        poll(readings, reading(A, running=0, kv_usage=0.0), reading(B, running=0))
+    ceiling[0] = 200
+    assert provider.max_in_flight() == 200
+
+
 def test_selected_without_upstreams_it_stops_startup_saying_why() -> None:
     """Without upstreams the gateway polls no backend: kv-pressure would hold the
     operator's limit for good, unseen. Startup stops, naming what to set."""
@@ -154,6 +194,10 @@ def test_knobs_come_from_the_environment_and_bad_ones_are_named() -> None:
         knobs_from({"OBLETH_KV_PRESSURE_HIGH": "lots"})
     with pytest.raises(ConfigError, match=r"OBLETH_KV_PRESSURE_LOW=0\.9: must not be above"):
         knobs_from({"OBLETH_KV_PRESSURE_LOW": "0.9", "OBLETH_KV_PRESSURE_HIGH": "0.8"})
+    with pytest.raises(ConfigError) as caught:  # HIGH alone, under LOW's default
+        knobs_from({"OBLETH_KV_PRESSURE_HIGH": "0.5"})
+    assert str(caught.value).startswith("OBLETH_KV_PRESSURE_HIGH=0.5: is below")
+    assert "set OBLETH_KV_PRESSURE_LOW too" in str(caught.value)
     with pytest.raises(ConfigError, match="OBLETH_KV_PRESSURE_DECREASE"):
         knobs_from({"OBLETH_KV_PRESSURE_DECREASE": "1"})
     with pytest.raises(ConfigError, match="OBLETH_KV_PRESSURE_FLOOR='0'"):

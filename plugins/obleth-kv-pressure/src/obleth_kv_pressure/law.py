@@ -58,8 +58,8 @@ class Law:
     """Additive increase, multiplicative decrease, on KV signals.
 
     - **Pressure** (any preemption since the last round, or the fullest backend at or
-      above ``high`` KV usage): the limit is multiplied by ``decrease``, then held for
-      ``cooldown_rounds`` rounds so that the cut can show in the readings.
+      above ``high`` KV usage): the limit is multiplied by ``decrease``, and not cut again
+      for ``cooldown_rounds`` rounds, so that the cut can show in the readings.
     - **Room** (every fresh backend under ``low`` KV usage, none keeping requests waiting,
       and the backends serving at least ``use`` of the limit: the limit is what holds the
       load back): the limit grows by one, or by a twentieth of itself when that is more.

@@ -25,7 +25,13 @@ def knobs_from(environ: Mapping[str, str]) -> tuple[Knobs, int | None]:
     high = fraction("HIGH", defaults.high)
     low = fraction("LOW", defaults.low)
     if low > high:
-        raise env.error("LOW", low, f"must not be above {PREFIX}HIGH ({high:g}); lower it")
+        if (environ.get(PREFIX + "LOW") or "").strip():
+            raise env.error("LOW", low, f"must not be above {PREFIX}HIGH ({high:g}); lower it")
+        raise env.error(  # the operator set HIGH alone, under LOW's default
+            "HIGH",
+            high,
+            f"is below {PREFIX}LOW, whose default is {low:g}; set {PREFIX}LOW too, at or below it",
+        )
     decrease = fraction("DECREASE", defaults.decrease)
     if not 0 < decrease < 1:
         raise env.error("DECREASE", decrease, "must lie strictly between 0 and 1, e.g. 0.7")

@@ -35,6 +35,8 @@ class KvPressureLimit:
         self._readings: Readings | None = None
         self._preemptions: dict[str, float] = {}
         self._subscribers: list[Callable[[], None]] = []
+        #: the value the subscribers last heard of
+        self._announced: int | None = None
         self.last: Decision | None = None
         self.last_signals: Signals | None = None
 
@@ -49,6 +51,7 @@ class KvPressureLimit:
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         self._subscribers.append(callback)
+        self._announced = self.max_in_flight()  # what the subscriber has just read
 
     def use_ceiling(self, ceiling: Callable[[], int]) -> None:
         self._ceiling = ceiling
@@ -71,10 +74,16 @@ class KvPressureLimit:
         signals = self.signals(readings)
         before = self.max_in_flight()
         decision = self.law.next(before, self._ceiling(), signals, self._cooling)
-        self._limit, self._cooling = decision.limit, decision.cooling
+        self._cooling = decision.cooling
         self.last, self.last_signals = decision, signals
         if decision.limit != before:
+            # a cut or a rise; a hold keeps the limit learnt, which the ceiling only caps:
+            # an operator who lowers the ceiling for a while and raises it again finds it
             log.info("kv-pressure limit %d -> %d (%s)", before, decision.limit, decision.reason)
+            self._limit = decision.limit
+        value = self.max_in_flight()
+        if value != self._announced:
+            self._announced = value
             for callback in self._subscribers:
                 callback()
 
