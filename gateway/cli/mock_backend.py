@@ -13,7 +13,7 @@ from gateway.asgi.lifespan import STARTUP_FAILURE
 from gateway.cli.defaults import DefaultsShown
 from gateway.cli.server_flags import GRACEFUL_S, add_server_flags, cannot_listen
 from gateway.errors import ConfigError
-from gateway.server.running import serve
+from gateway.server.running import Server, serve
 from gateway.server.workers import listening_socket
 from gateway.sim import SimConfig, create_app
 from gateway.sim.config import MAX_DURATION_S
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         # a signal lets the streams under way end, for as long as obleth serve lets its own
         timeout_graceful_shutdown=GRACEFUL_S,
     )
-    server = uvicorn.Server(config)
+    server = Server(config)
     try:
         serve([server], [sock])
     finally:

@@ -34,7 +34,7 @@ from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
 from gateway.proxy.models import ModelCatalog, ModelList
 from gateway.server import BodyTimeout, bounded_protocol
-from gateway.server.running import serve
+from gateway.server.running import Server, serve
 from gateway.server.workers import Workers, listening_socket, worker_sockets
 from gateway.settings import Settings
 from gateway.telemetry.instruments import watch
@@ -321,7 +321,7 @@ def _servers(
     app: Probes,
     tracing: TracerProvider | None,
     pages: WorkerPages | None = None,
-) -> list[uvicorn.Server]:
+) -> list[Server]:
     """The gateway's uvicorn server and, when the admin API is on, the admin API's: the
     same bounds on request heads and bodies on both. A worker of several publishes its
     ``pages`` while it serves."""
@@ -337,12 +337,12 @@ def _servers(
     gateway_app: ASGIApp = app if tracing is None else AfterShutdown(app, tracing.shutdown)
     if pages is not None:
         gateway_app = pages.serving(gateway_app)
-    servers = [uvicorn.Server(uvicorn.Config(gateway_app, port=plan.port, lifespan="on", **common))]
+    servers = [Server(uvicorn.Config(gateway_app, port=plan.port, lifespan="on", **common))]
     if settings.admin_token is not None:
         # its own listener: operators reach it however busy the gateway's port is
         admin = build_admin_app(settings, app.gateway)
         servers.append(
-            uvicorn.Server(uvicorn.Config(admin, port=plan.admin_port, lifespan="off", **common))
+            Server(uvicorn.Config(admin, port=plan.admin_port, lifespan="off", **common))
         )
     return servers
 

@@ -29,7 +29,19 @@ CUT_OFF = (
 )
 
 
-def serve(servers: list[uvicorn.Server], sockets: Sequence[socket.socket] | None = None) -> None:
+class Server(uvicorn.Server):
+    """A uvicorn server that leaves SIGINT and SIGTERM to ``serve``, which stops every
+    server it runs at once. A uvicorn server installs handlers of its own while it serves:
+    with two servers in one process (the gateway and the admin API) the second one's would
+    take the signal alone, and the first would go on taking requests until the second had
+    drained, then start its own graceful shutdown."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def serve(servers: list[Server], sockets: Sequence[socket.socket] | None = None) -> None:
     """Serve ``servers`` until a signal stops them (or one of them stops); ``sockets``,
     one per server, are listeners bound already, else each binds its own."""
     with (
@@ -41,20 +53,22 @@ def serve(servers: list[uvicorn.Server], sockets: Sequence[socket.socket] | None
 
 
 @contextlib.contextmanager
-def _signals_stop(servers: list[uvicorn.Server]) -> Iterator[None]:
-    """While serving, SIGINT and SIGTERM that reach the handler found here stop every
-    server. uvicorn installs its own handlers while it serves and, once it has stopped,
-    raises the signal again for the handler it found: by default that would kill the
-    process (SIGTERM, status 143) or raise ``KeyboardInterrupt``. Here it finds this one,
-    which only asks the servers to stop (they have), and ``serve`` returns. A signal that
-    comes before uvicorn's handlers are in place stops the servers just as well."""
+def _signals_stop(servers: list[Server]) -> Iterator[None]:
+    """While serving, SIGINT and SIGTERM stop every server gracefully, as uvicorn's own
+    handler stops one (``Server`` installs none); a second SIGINT ends the graceful
+    shutdown at once. ``serve`` then returns, whichever signal came: uvicorn's way of
+    raising the signal again once stopped would kill the process (SIGTERM, status 143)
+    or raise ``KeyboardInterrupt``."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum: int, frame: FrameType | None) -> None:
         for server in servers:
-            server.should_exit = True
+            if server.should_exit and signum == signal.SIGINT:
+                server.force_exit = True
+            else:
+                server.should_exit = True
 
     previous = {sig: signal.signal(sig, stop) for sig in STOPPING_SIGNALS}
     try:
@@ -70,7 +84,7 @@ class _CutOff(logging.Filter):
     of the app. This turns that record into one warning that says what happened; a
     ``CancelledError`` out of an app while no server is stopping stays as it was."""
 
-    def __init__(self, servers: list[uvicorn.Server]) -> None:
+    def __init__(self, servers: list[Server]) -> None:
         super().__init__()
         self.servers = servers
 
@@ -85,7 +99,7 @@ class _CutOff(logging.Filter):
 
 
 @contextlib.contextmanager
-def _cut_off_quietly(servers: list[uvicorn.Server]) -> Iterator[None]:
+def _cut_off_quietly(servers: list[Server]) -> Iterator[None]:
     logger = logging.getLogger("uvicorn.error")
     cut_off = _CutOff(servers)
     logger.addFilter(cut_off)
@@ -106,9 +120,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-async def _serve_all(
-    servers: list[uvicorn.Server], sockets: Sequence[socket.socket] | None = None
-) -> None:
+async def _serve_all(servers: list[Server], sockets: Sequence[socket.socket] | None = None) -> None:
     """Serve every server on this loop until a signal stops them; if one stops (it could
     not bind its port), the others are told to stop too. ``sockets``, one per server, are
     listeners bound already (by the parent of ``--workers``); without, each binds its own."""

@@ -19,9 +19,11 @@ shared, as uvicorn does.
 
 The supervision:
 
-- SIGTERM or SIGINT to the parent: every worker is sent SIGTERM and given
-  ``stop_timeout_s`` to finish its requests (uvicorn's graceful shutdown), then killed; a
-  second signal meanwhile kills them at once. ``run()`` then returns 0.
+- SIGTERM or SIGINT to the parent: it closes its copies of the listening sockets, and
+  every worker is sent SIGTERM and given ``stop_timeout_s`` to finish its requests
+  (uvicorn's graceful shutdown, which closes the workers' copies: new connections are
+  refused from then on), then killed; a second signal meanwhile kills them at once.
+  ``run()`` then returns 0.
 - A worker that dies is replaced in its slot, with a warning. More than ``max_restarts``
   deaths within ``restart_window_s`` is a crash loop: the others are stopped and ``run()``
   returns 1 with an error naming the last death. A worker that exits with uvicorn's
@@ -268,6 +270,11 @@ class Workers:
         signal meanwhile ends the wait (the rest are killed on the way out of ``run``)."""
         handled = len(self._signals)
         running = self._running()
+        for sockets in self._sockets:
+            for sock in sockets:
+                # the listeners stay open only in the workers, which close theirs as they
+                # stop: new connections are then refused, not queued for no one to accept
+                sock.close()
         for process in running:
             process.terminate()  # SIGTERM: uvicorn's graceful shutdown
         deadline = time.monotonic() + self._stop_timeout_s

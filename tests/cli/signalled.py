@@ -1,6 +1,7 @@
 """A process that serves, as ``obleth serve`` does, through ``gateway.server.running``: an
 app that answers ``/`` at once and streams ``/stream`` for ever, with a graceful shutdown
-of half a second. Run by ``test_serve_signals.py`` as ``python signalled.py PORT``."""
+of half a second, on each port it is given (one server per port, as the gateway and the
+admin API are). Run by ``test_serve_signals.py`` as ``python signalled.py PORT...``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 import uvicorn
 
-from gateway.server.running import serve
+from gateway.server.running import Server, serve
 from gateway.types import Receive, Scope, Send
 
 
@@ -26,7 +27,5 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 if __name__ == "__main__":
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=int(sys.argv[1]), lifespan="off", timeout_graceful_shutdown=0.5
-    )
-    serve([uvicorn.Server(config)])
+    options = {"host": "127.0.0.1", "lifespan": "off", "timeout_graceful_shutdown": 0.5}
+    serve([Server(uvicorn.Config(app, port=int(port), **options)) for port in sys.argv[1:]])

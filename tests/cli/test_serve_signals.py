@@ -23,9 +23,9 @@ HERE = Path(__file__).parent
 WAIT_S = 20.0
 
 
-def started(port: int) -> subprocess.Popen[str]:
+def started(port: int, *more: int) -> subprocess.Popen[str]:
     process = subprocess.Popen(
-        [sys.executable, str(HERE / "signalled.py"), str(port)],
+        [sys.executable, str(HERE / "signalled.py"), str(port), *map(str, more)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -72,6 +72,35 @@ def test_a_signal_ends_serving_with_status_0_and_a_cut_stream_is_one_warning(
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def test_a_signal_stops_every_server_of_the_process_at_once() -> None:
+    """The gateway and the admin API are two servers in one process. Each used to install
+    its own signal handler, so the last one took SIGTERM alone and the other went on
+    serving until it had drained: both now start their graceful shutdown on the signal,
+    before either cuts its streams off."""
+    ports = [free_port(), free_port()]
+    process = started(*ports)
+    streams = [http.client.HTTPConnection(HOST, port, timeout=WAIT_S) for port in ports]
+    try:
+        for stream in streams:
+            stream.request("GET", "/stream")
+            assert stream.getresponse().read1(64).startswith(b"token")
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=WAIT_S)
+    finally:
+        for stream in streams:
+            stream.close()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+    assert process.returncode == 0, err
+    lines = err.splitlines()
+    stopping = [i for i, line in enumerate(lines) if "Shutting down" in line]
+    cut = [i for i, line in enumerate(lines) if CUT_OFF in line]
+    assert len(stopping) == 2 and len(cut) == 2, err
+    assert max(stopping) < min(cut), err
 
 
 def test_a_cancelled_request_while_serving_goes_on_being_logged_as_an_error() -> None:

@@ -162,6 +162,38 @@ def test_sigterm_stops_every_worker_and_serve_exits_0(serve: ServeWorkers) -> No
     assert wait_until_gone(tree) == set()
 
 
+def test_after_sigterm_new_connections_are_refused_while_requests_finish(
+    serve: ServeWorkers,
+) -> None:
+    """While the workers finish their requests, a new connection is refused at once, as
+    by a single ``obleth serve``, so that a load balancer tries another pod. The parent
+    kept its copies of the listening sockets open: the kernel went on accepting
+    connections that no worker would ever answer, reset when the parent exited."""
+    serve.wait_for_workers()
+    assert serve.port is not None
+    body = json.dumps({"prompt": "Count.", "max_tokens": 10_000, "stream": True})
+    stream = http.client.HTTPConnection(HOST, serve.port, timeout=WAIT_S)
+    refused = False
+    try:
+        stream.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+        answer = stream.getresponse()
+        assert answer.status == 200 and answer.read1(64)  # tokens flow: a request runs
+        os.kill(serve.pid, signal.SIGTERM)  # type: ignore[arg-type]
+        deadline = time.monotonic() + 10.0
+        while not refused and time.monotonic() < deadline:
+            try:
+                socket.create_connection((HOST, serve.port), timeout=1).close()
+                time.sleep(0.05)
+            except ConnectionRefusedError:
+                refused = True
+        draining = serve.running
+    finally:
+        stream.close()
+    assert serve.wait() == 0, serve.log_tail()
+    assert refused, serve.log_tail()
+    assert draining  # refused while the stream was still being served, not after
+
+
 def test_a_killed_worker_is_replaced_and_its_death_logged(serve: ServeWorkers) -> None:
     """``kill -9`` of a worker: the parent says so and starts another in its place; the
     pool counts two pods again and the gateway goes on answering."""
