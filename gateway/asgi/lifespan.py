@@ -40,7 +40,8 @@ async def run_lifespan(
         try:
             await gateway.start()
         except Exception as exc:
-            await _fail_startup(send, exc, "the gateway could not start")
+            log.error("the gateway could not start: %s", exc)
+            await _fail_startup(send, str(exc))
             return
     pending: Message | None = first
 
@@ -71,7 +72,10 @@ async def run_lifespan(
             raise
         if pending is None:  # it took the startup message: its startup failed
             await gateway.stop()
-            await _fail_startup(send, exc, "the app's startup raised")
+            # the app's own bug, unlike the gateway's errors (which name the setting):
+            # its traceback is the clue, as it would be without the gateway
+            log.error("the app's startup raised", exc_info=exc)
+            await _fail_startup(send, f"the app's startup raised {type(exc).__name__}: {exc}")
             return
         log.debug("the app does not speak lifespan (%r); the gateway answers it alone", exc)
     if not answered and first["type"] == "lifespan.startup":
@@ -91,12 +95,10 @@ async def _answer_alone(gateway: Gateway, receive: Receive, send: Send) -> None:
             return
 
 
-async def _fail_startup(send: Send, error: Exception, what: str) -> None:
-    """Report ``error`` (``what`` failed) and tell the server that startup failed; if the
+async def _fail_startup(send: Send, message: str) -> None:
+    """Tell the server that startup failed, saying ``message`` (logged already); if the
     server raises at that (hypercorn's ``LifespanFailureError``), end the process quietly
     with status 3, as uvicorn and gunicorn end one whose app failed to start."""
-    message = str(error) or type(error).__name__
-    log.error("%s: %s", what, message)
     try:
         await send({"type": "lifespan.startup.failed", "message": message})
     except Exception:

@@ -148,8 +148,8 @@ class Workers:
 
     ``target`` must be importable by name (a module-level function) and ``args``
     picklable: each worker is a fresh interpreter. The sockets stay open in the parent
-    (the caller closes them once ``run()`` returns), so a replacement worker gets the
-    very same listeners as the one it replaces.
+    while it supervises, so a replacement worker gets the very same listeners as the one
+    it replaces; ``run()`` closes them when it starts stopping the workers.
     """
 
     def __init__(

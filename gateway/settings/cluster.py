@@ -135,7 +135,13 @@ def shown_url(url: str) -> str:
     try:
         return _without_password(urllib.parse.urlsplit(url))
     except ValueError:  # several hosts, IPv6 ones among them: urlsplit refuses those
-        return without_userinfo(url)
+        netloc, _ = split_hosts(url)
+        userinfo, at, hosts = netloc.rpartition("@")
+        if not at:
+            return url
+        user, colon, _ = userinfo.partition(":")
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://{user}{':***' if colon else ''}@{hosts}{rest[len(netloc) :]}"
 
 
 def split_hosts(url: str) -> tuple[str, urllib.parse.SplitResult]:

@@ -816,7 +816,8 @@ def test_an_app_whose_startup_raises_fails_the_servers_startup(
     with caplog.at_level(logging.ERROR, logger="obleth"):
         run(scenario)
     assert outbox == ["lifespan.startup.failed"]
-    assert "the app's startup raised: database unreachable" in caplog.text
+    assert "the app's startup raised" in caplog.text
+    assert "ConnectionError: database unreachable" in caplog.text  # with its traceback
 
 
 class FailingStart:

@@ -658,6 +658,25 @@ async def test_stopping_answers_a_request_whose_acquire_was_not_sent_yet(pods: P
         assert isinstance(outcome, Rejected) and outcome.reason == "unavailable", outcome
 
 
+async def test_stopping_answers_a_request_whose_acquire_is_in_the_call_under_way(
+    own_pods: Pods, own_redis: RedisServer
+) -> None:
+    """``stop()`` cancels a call to Redis that has not come back (Redis is frozen here):
+    the request whose acquire it carried is answered 503 ``unavailable`` too, not left
+    waiting for an answer that the cancelled call will never give."""
+    gateway = await own_pods.start(global_max_in_flight=1)
+    await gateway.scheduler.acquire(Ticket("t"))
+    own_redis.pause()
+    try:
+        waiter = asyncio.create_task(gateway.scheduler.acquire(Ticket("t")))
+        await asyncio.sleep(0.05)  # its call is under way, unanswered
+        await asyncio.wait_for(gateway.stop(), 5)
+        (outcome,) = await asyncio.wait_for(asyncio.gather(waiter, return_exceptions=True), 5)
+    finally:
+        own_redis.resume()
+    assert isinstance(outcome, Rejected) and outcome.reason == "unavailable", outcome
+
+
 async def test_a_silent_pod_holds_the_roll_call_until_its_liveness_passes(
     own_pods: Pods,
 ) -> None:

@@ -18,6 +18,7 @@ from gateway import ConfigError, Gateway, Settings
 from gateway.backends.redis.audit import audit_sync
 from gateway.backends.redis.connect import _hosts
 from gateway.core.tickets import Ticket
+from gateway.settings import shown_url
 from tests.cluster.pods import free_port
 from tests.redis_procs import RedisServer, find_redis_server
 
@@ -133,6 +134,9 @@ def test_node_lists_may_hold_ipv6_hosts_with_or_without_a_port(
     url = f"{scheme}://app:s3cret@redis-0:7002,[::1],[::2]:7001/mymaster/0"
     assert Settings(redis_url=url).redis_url == url
     assert _hosts(url, "redis_url") == [("redis-0", 7002), ("::1", 6379), ("::2", 7001)]
+    # and what a message shows of it: the password masked whole, "@" in it or not
+    shown = shown_url(url.replace("s3cret", "s3@cret"))
+    assert shown == f"{scheme}://app:***@redis-0:7002,[::1],[::2]:7001/mymaster/0"
 
 
 def test_an_unparsable_url_is_shown_without_its_password() -> None:

@@ -198,6 +198,13 @@ class Caller:
         args = self.args_for(batch)
         try:
             reply = await self.call(args, retry=retry)
+        except asyncio.CancelledError:
+            # stop() cancels a call under way: its callers, still in acquire(), read their
+            # answer from the pending (stop fails every one of them 503)
+            for entry in ops:
+                if entry.answered is not None and not entry.answered.done():
+                    entry.answered.set_result(None)
+            raise
         except RedisUnavailable as exc:
             # the acquires gathered meanwhile will not be sent either
             stranded = ops + self._ops

@@ -35,8 +35,6 @@ class KvPressureLimit:
         self._readings: Readings | None = None
         self._preemptions: dict[str, float] = {}
         self._subscribers: list[Callable[[], None]] = []
-        #: the value the subscribers last heard of
-        self._announced: int | None = None
         self.last: Decision | None = None
         self.last_signals: Signals | None = None
 
@@ -51,7 +49,6 @@ class KvPressureLimit:
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         self._subscribers.append(callback)
-        self._announced = self.max_in_flight()  # what the subscriber has just read
 
     def use_ceiling(self, ceiling: Callable[[], int]) -> None:
         self._ceiling = ceiling
@@ -77,13 +74,11 @@ class KvPressureLimit:
         self._cooling = decision.cooling
         self.last, self.last_signals = decision, signals
         if decision.limit != before:
-            # a cut or a rise; a hold keeps the limit learnt, which the ceiling only caps:
-            # an operator who lowers the ceiling for a while and raises it again finds it
+            # a cut or a rise; a hold keeps the limit learnt, which the ceiling only caps
+            # (the gateway takes the lower of the two): an operator who lowers the ceiling
+            # for a while and raises it again finds it
             log.info("kv-pressure limit %d -> %d (%s)", before, decision.limit, decision.reason)
             self._limit = decision.limit
-        value = self.max_in_flight()
-        if value != self._announced:
-            self._announced = value
             for callback in self._subscribers:
                 callback()
 
