@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextvars import ContextVar
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -51,14 +52,22 @@ class Attempt:
     """Per-request state the session's trace callbacks update (pass it as
     ``trace_request_ctx``): whether the attempt waits for a pooled connection now, whether
     the request head has been handed to the connection (``sent``; aiohttp says so just
-    before it writes it), and what to call then."""
+    before it writes it), and what to call then. ``connection``: the connection the
+    request went out on, once it has one (set by the connector while ``CURRENT`` names
+    the attempt), so that the client's leaving can be told to the upstream before any
+    response has come."""
 
-    __slots__ = ("headers_sent", "queued", "sent")
+    __slots__ = ("connection", "headers_sent", "queued", "sent")
 
     def __init__(self, headers_sent: Callable[[], None] | None) -> None:
         self.queued = False
         self.sent = False
         self.headers_sent = headers_sent
+        self.connection: aiohttp.connector.Connection | None = None
+
+
+CURRENT: ContextVar[Attempt | None] = ContextVar("obleth_proxy_attempt", default=None)
+"""The attempt whose request the session is sending in this task (see ``Attempt``)."""
 
 
 MAX_HEADER_BYTES = 64 * 1024
@@ -122,7 +131,15 @@ class _QuietReuse(aiohttp.TCPConnector):
     next request sent on it, another client's. Such a connection is closed and the next
     one in the pool tried, as nginx closes a kept-alive upstream connection that speaks.
     ``_get`` is aiohttp's own (private) way into the pool; its signature has been the same
-    since 3.10.11, the lowest version Obleth accepts."""
+    since 3.10.11, the lowest version Obleth accepts. ``connect`` (public) also tells the
+    current ``Attempt`` which connection it got."""
+
+    async def connect(self, *args: Any, **kwargs: Any) -> aiohttp.connector.Connection:
+        connection = await super().connect(*args, **kwargs)
+        attempt = CURRENT.get()
+        if attempt is not None:
+            attempt.connection = connection
+        return connection
 
     async def _get(self, key: Any, traces: Any) -> Any:
         while (connection := await super()._get(key, traces)) is not None:

@@ -22,12 +22,14 @@ What callers of ``forward`` may rely on:
   sent it, a connection failure gets the JSON error below.
 - ``forward`` returns when the response is complete, when the client has gone away, or
   when the upstream failed. When the client goes away, at whatever stage (a retry
-  included), the upstream sees the disconnect and stops generating: once the response
-  has started, ``forward`` ends its side of the connection and returns when the upstream
-  has closed its own (at most ``HANG_UP_S`` later, see ``gateway.proxy.outbound``), so
-  that the request's seat is not handed on while the upstream still runs the request;
-  before that, the connection is closed at once. A client that leaves while its body is
-  still being streamed upstream is seen by the body's reader, at once too.
+  included), the upstream sees the disconnect and stops generating: once the request
+  has a connection, ``forward`` ends its side of it and returns when the upstream has
+  closed its own (at most ``HANG_UP_S`` later, see ``gateway.proxy.outbound``), so that
+  the request's seat is not handed on while the upstream still runs the request, the
+  response started or not; what the attempt then gets is neither retried nor counted
+  as the upstream's failure. Before it has a connection, nothing reached the upstream.
+  A client that leaves while its body is still being streamed upstream is seen by the
+  body's reader, at once too.
 - A request header value that is not UTF-8 is read as ISO-8859-1 and sent as the same
   characters in UTF-8 (see ``gateway.proxy.headers.as_text``).
 - Before the response has started, an upstream failure is answered with an OpenAI-style
@@ -151,6 +153,8 @@ async def _relay(
     outcome: Outcome | None = None
     try:
         outcome = await upstream.send_to(url)
+        if send.gone and isinstance(outcome, UpstreamFailure):
+            return  # the hang-up's doing (the client left first): nobody to answer or retry
         if tell is not None:
             tell.first(outcome)
         if route is not None and worth_retrying(upstream.method, _got(outcome)):

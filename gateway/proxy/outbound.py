@@ -15,15 +15,15 @@ import httpx
 from yarl import URL
 
 from gateway.errors import Disconnected
-from gateway.proxy.client import Attempt, UpstreamFailure
+from gateway.proxy.client import CURRENT, Attempt, UpstreamFailure
 from gateway.proxy.deadlines import Watchdog, bounded_writes
 from gateway.proxy.inbound import Inbound
 from gateway.proxy.upstream import target_url
 from gateway.types import Scope
 
 HANG_UP_S = 1.0
-"""How long, after the client left mid-response, the upstream has to close its side of the
-connection before the proxy closes it regardless (see ``Outbound.hang_up``)."""
+"""How long, after the client left, the upstream has to close its side of the connection
+before the proxy closes it regardless (see ``Outbound.hang_up``)."""
 
 Outcome = aiohttp.ClientResponse | UpstreamFailure
 """What one attempt got: a response (its body still to be read), or the failure instead."""
@@ -58,6 +58,8 @@ class Outbound:
         #: while a streamed body is being written: what bounds each chunk's write (it
         #: goes on after the response headers, as long as the body does)
         self.writes: Watchdog | None = None
+        #: the attempt under way (or the last one)
+        self.attempt: Attempt | None = None
 
     def stop_watching(self) -> None:
         """The exchange with the current upstream is over: its body's writes no longer
@@ -67,13 +69,18 @@ class Outbound:
             self.writes = None
 
     async def hang_up(self, relay: asyncio.Future[None]) -> None:
-        """Tell the upstream the client is gone, by ending our side of the connection of
-        the response being relayed, and wait at most ``HANG_UP_S`` for ``relay`` to end:
-        it does once the upstream has dropped the request and closed its side (what the
-        upstream sends meanwhile is relayed to nobody). Without a response yet there is
-        no connection of this request's own to end: the caller closes it."""
+        """Tell the upstream the client is gone, by ending our side of the request's
+        connection, and wait at most ``HANG_UP_S`` for ``relay`` to end: it does once the
+        upstream has dropped the request and closed its side (what the upstream sends
+        meanwhile is relayed to nobody). That holds before the response has started too
+        (a completion that is not streamed): the request's seat is not handed on while
+        the upstream still computes it. Without a connection yet, nothing reached the
+        upstream: the caller cancels the relay."""
         response = self.response
-        connection = None if response is None else response.connection
+        if response is not None:
+            connection = response.connection
+        else:
+            connection = None if self.attempt is None else self.attempt.connection
         transport = None if connection is None else connection.transport
         sock = None if transport is None else transport.get_extra_info("socket")
         if sock is None or sock.fileno() < 0:
@@ -101,6 +108,7 @@ class Outbound:
         the relay checks; ``stop_watching()`` ends it).
         """
         self.stop_watching()
+        self.response = None  # an earlier attempt's, given up
         timeout = self._response_timeout_s
         content = self._content
         data: bytes | io.BytesIO | AsyncIterator[bytes] | None = content
@@ -117,8 +125,9 @@ class Outbound:
                 # the whole request follows its head at once: the wait for the answer (and
                 # for the upstream to take the body) starts there
                 start_at_head = answer.start
-        attempt = Attempt(start_at_head)
+        attempt = self.attempt = Attempt(start_at_head)
         response = None
+        current = CURRENT.set(attempt)
         try:
             response = self.response = await self._session.request(
                 self.method,
@@ -161,6 +170,7 @@ class Outbound:
             why = "took none of the request body" if stalled else "sent no response headers"
             return UpstreamFailure("timeout", f"{why} within {timeout} s")
         finally:
+            CURRENT.reset(current)
             if answer is not None:
                 answer.stop()
             if response is None:

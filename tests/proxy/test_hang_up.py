@@ -1,7 +1,8 @@
-"""A client that leaves mid-stream: its seat goes to the next request only once the
-upstream has dropped the abandoned one, so the backend never counts one request more than
-the limit. Real processes: a uvicorn pod (gateway + streaming proxy, in-process budget)
-in front of the simulated backend, whose own count is the ground truth."""
+"""A client that leaves mid-stream, or gives up on an answer that is not streamed before
+it comes: its seat goes to the next request only once the upstream has dropped the
+abandoned one, so the backend never counts one request more than the limit. Real
+processes: a uvicorn pod (gateway + streaming proxy, in-process budget) in front of the
+simulated backend, whose own count is the ground truth."""
 
 from __future__ import annotations
 
@@ -24,8 +25,12 @@ def sim() -> Iterator[SimBackend]:
         yield backend
 
 
-async def mixed_load(urls: list[str], requests: int, concurrency: int) -> Counter[str]:
-    """Half plain completions, half streams abandoned after their first chunk."""
+async def mixed_load(
+    urls: list[str], requests: int, concurrency: int, left: str = "stream"
+) -> Counter[str]:
+    """Half plain completions, half left by their clients: streams abandoned after their
+    first chunk, or (``left="unanswered"``) completions given up after 50 ms, while the
+    upstream still computes them."""
     outcomes: Counter[str] = Counter()
     numbers = iter(range(requests))
     async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
@@ -33,7 +38,14 @@ async def mixed_load(urls: list[str], requests: int, concurrency: int) -> Counte
         async def worker() -> None:
             for i in numbers:
                 url = urls[i % len(urls)] + "/v1/completions"
-                if i % 2:
+                if i % 2 and left == "unanswered":
+                    body = {"prompt": f"left {i}", "max_tokens": 200}
+                    try:
+                        answer = await http.post(url, json=body, timeout=0.05)
+                        outcomes[f"answered {answer.status_code}"] += 1
+                    except httpx.TimeoutException:
+                        outcomes["given up"] += 1
+                elif i % 2:
                     body = {"prompt": f"left {i}", "max_tokens": 200, "stream": True}
                     async with http.stream("POST", url, json=body) as answer:
                         async for _ in answer.aiter_bytes():
@@ -47,21 +59,30 @@ async def mixed_load(urls: list[str], requests: int, concurrency: int) -> Counte
     return outcomes
 
 
+@pytest.mark.parametrize("left", ["stream", "unanswered"])
 @pytest.mark.parametrize("budget", ["memory", "redis"])
-def test_a_seat_left_mid_stream_is_handed_on_only_after_the_upstream_dropped_it(
-    sim: SimBackend, redis_url: str, pool_name: str, tmp_path: Path, budget: str
+def test_a_seat_left_by_its_client_is_handed_on_only_after_the_upstream_dropped_it(
+    sim: SimBackend, redis_url: str, pool_name: str, tmp_path: Path, budget: str, left: str
 ) -> None:
-    """600 requests, 24 at a time against a limit of 4 over three pods, every other one a
-    stream its client abandons after the first chunk: the backend never counts more
-    than 4 (a seat handed on when the proxy merely closed its connection reached the
-    backend before the backend had dropped the abandoned request)."""
+    """600 requests, 24 at a time against a limit of 4 over three pods, every other one
+    left by its client (a stream after its first chunk, or a completion before its
+    answer): the backend never counts more than 4. A seat handed on when the proxy
+    merely closed its connection reached the backend before the backend had dropped the
+    abandoned request; for a completion not yet answered, that is what the proxy did."""
     sim.reset()
     env = {"OBLETH_GLOBAL_MAX_IN_FLIGHT": str(LIMIT), "OBLETH_MAX_QUEUE": "1000"}
     if budget == "redis":
         env |= {"OBLETH_REDIS_URL": redis_url, "OBLETH_POOL": pool_name}
     with Pods(3 if budget == "redis" else 1, sim.url, env=env, log_dir=tmp_path) as pods:
-        outcomes = asyncio.run(mixed_load(pods.urls, 600, 24))
+        outcomes = asyncio.run(mixed_load(pods.urls, 600, 24, left))
         stats = pods.settled_stats()
-    assert outcomes == {"whole 200": 300, "cut 200": 300}, outcomes
-    assert sum(s["admitted"] for s in stats) == sum(s["released"] for s in stats) == 600
+    assert outcomes["whole 200"] == 300, outcomes
+    if left == "stream":
+        assert outcomes["cut 200"] == 300, outcomes
+    else:
+        assert outcomes["given up"] > 0, outcomes
+    admitted = sum(s["admitted"] for s in stats)
+    assert admitted == sum(s["released"] for s in stats)
+    # a request given up while it waited for a seat never had one
+    assert admitted == 600 if left == "stream" else admitted > 300, stats
     assert sim.stats()["max_concurrency"] <= LIMIT, sim.stats()
