@@ -798,24 +798,8 @@ def test_an_app_whose_startup_raises_fails_the_servers_startup(
         await receive()
         raise ConnectionError("database unreachable")
 
-    outbox: list[str] = []
-
-    async def scenario() -> None:
-        gw = GatewayMiddleware(app, Settings())
-        inbox = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
-
-        async def receive() -> Message:
-            return inbox.pop(0)
-
-        async def send(message: Message) -> None:
-            outbox.append(message["type"])
-
-        await gw({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
-        assert not gw.gateway.started
-
     with caplog.at_level(logging.ERROR, logger="obleth"):
-        run(scenario)
-    assert outbox == ["lifespan.startup.failed"]
+        assert lifespan_of(app) == ["lifespan.startup.failed"]  # and the gateway stopped
     assert "the app's startup raised" in caplog.text
     assert "ConnectionError: database unreachable" in caplog.text  # with its traceback
 
