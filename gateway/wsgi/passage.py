@@ -244,7 +244,8 @@ class Held:
             passage.finish(how, error)
 
     def __del__(self) -> None:
-        self._end("cut")
+        # a server that read the response to its end and dropped it unclosed: complete
+        self._end("completed" if self._ended else "cut")
 
 
 class SizedHeld(Held):

@@ -146,6 +146,23 @@ def test_a_response_dropped_after_close_is_collected_without_an_error(
     assert outcomes(middleware) == {"cancelled": 1}
 
 
+def test_a_response_read_whole_and_dropped_unclosed_counts_completed() -> None:
+    """A server that reads a response to its end and drops it without ``close()`` (PEP
+    3333 says it must close): the seat comes back when the response is collected, and the
+    request counts ``completed``; it counted ``cancelled``, as if its client had left."""
+    app = HeldApp(stream=True)
+    app.release.set()
+    middleware = gated(app)
+    response = middleware(environ_of(), ignore_head)
+    chunks = list(response)
+    del response
+    gc.collect()
+    wait_until(lambda: middleware.gateway.snapshot().inflight == 0)
+
+    assert chunks
+    assert outcomes(middleware) == {"completed": 1}
+
+
 def test_a_response_dropped_in_a_reference_cycle_gives_its_seat_back_when_collected(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
