@@ -157,7 +157,7 @@ async def _relay(
             return  # the hang-up's doing (the client left first): nobody to answer or retry
         if tell is not None:
             tell.first(outcome)
-        if route is not None and worth_retrying(upstream.method, _got(outcome)):
+        if not send.gone and route is not None and worth_retrying(upstream.method, _got(outcome)):
             # a 5xx is kept open until the route has answered: with nowhere else to go,
             # the client gets the upstream's own answer
             retry_url = _next_upstream(route, upstream, url, outcome)
@@ -165,6 +165,8 @@ async def _relay(
                 _discard(outcome)
                 url = retry_url
                 outcome = await upstream.send_to(url)
+                if send.gone and isinstance(outcome, UpstreamFailure):
+                    return
                 if tell is not None:
                     tell.again(outcome)
         if isinstance(outcome, UpstreamFailure):

@@ -83,8 +83,13 @@ class Outbound:
             connection = None if self.attempt is None else self.attempt.connection
         transport = None if connection is None else connection.transport
         sock = None if transport is None else transport.get_extra_info("socket")
-        if sock is None or sock.fileno() < 0:
+        if connection is None or sock is None or sock.fileno() < 0:
             return
+        protocol = connection.protocol
+        if protocol is not None:
+            # half-closed, it must never serve another request: an upstream that answers
+            # all the same would otherwise hand it back to the pool
+            protocol.force_close()
         try:
             # on a duplicate of the descriptor: uvloop's transports hand out sockets that
             # may not be shut down themselves, and a shutdown acts on the connection

@@ -72,3 +72,69 @@ async def test_an_upstream_that_spoke_unasked_is_not_reused_for_the_next_request
     assert (second.status_code, second.text) == (200, "answer-2")
     assert "x-unasked" not in second.headers
     assert chatty.connections == 2
+
+
+class HalfOpen:
+    """A raw upstream that answers each request after ``delay_s`` on a kept-alive
+    connection, and keeps a connection open after the proxy ended its side of it (a
+    server that supports half-open connections), answering all the same."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.connections = 0
+        self.answered = 0
+        self.eofs = 0
+
+    async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            async with asyncio.timeout(WAIT_S):
+                while True:
+                    try:
+                        head = await reader.readuntil(b"\r\n\r\n")
+                    except asyncio.IncompleteReadError:
+                        self.eofs += 1
+                        await asyncio.sleep(WAIT_S)  # half-open: ours stays open
+                        return
+                    length = 0
+                    for line in head.split(b"\r\n"):
+                        name, _, value = line.partition(b":")
+                        if name.strip().lower() == b"content-length":
+                            length = int(value)
+                    await reader.readexactly(length)
+                    await asyncio.sleep(self.delay_s)
+                    body = b"answer-%d" % (self.answered + 1)
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+                    writer.write(body)
+                    await writer.drain()
+                    self.answered += 1
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_a_connection_ended_for_a_client_that_left_is_never_reused(
+    http: httpx.AsyncClient,
+) -> None:
+    """A client gives up before the answer: the proxy ends its side of the upstream
+    connection, and the upstream, keeping its own open, answers all the same. That
+    connection used to go back to the pool, and the next client's request, written to
+    it, failed with a 502; it is now closed, and the next request gets a new one."""
+    upstream = HalfOpen(delay_s=0.3)
+    async with (
+        raw_upstream(upstream.accept) as url,
+        serve_in_task(routed(ProxyApp(), FakeRoute(url))) as proxy,
+    ):
+        with pytest.raises(httpx.TimeoutException):
+            await http.post(f"{proxy.url}/v1/completions", json={"prompt": "a"}, timeout=0.05)
+        for _ in range(200):  # the upstream answers the request no one waits for any more
+            if upstream.answered:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # and the proxy has read that answer, for no one
+        second = await http.post(f"{proxy.url}/v1/completions", json={"prompt": "b"})
+
+    assert upstream.eofs >= 1  # the upstream was told the client left
+    assert (second.status_code, second.text) == (200, "answer-2")
+    assert upstream.connections == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import httpx
@@ -279,3 +280,26 @@ async def test_a_connection_broken_after_the_request_was_sent_is_retried_only_if
     else:
         assert response.status_code == 502
         assert response.json()["error"]["code"] == "upstream_failed"
+
+
+async def test_a_client_that_leaves_during_the_retry_is_neither_answered_nor_logged_as_a_failure(
+    http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first upstream answers 503, the retry goes to the second, and the client gives
+    up while the second computes: the second drops the request (it is told), and nothing
+    reads as an upstream failure (it used to log ``answered 502 upstream_failed``)."""
+    slow = SimConfig(step_s=0.01, step_s_per_seq=0.0, prefill_s_per_token=0.0)
+    sim = create_app(slow)
+    body = {"prompt": "Count slowly.", "max_tokens": 500}
+    async with proxy_over(Answering("first", 503), sim) as (url, route):
+        with caplog.at_level(logging.WARNING, logger="obleth"):
+            with pytest.raises(httpx.TimeoutException):
+                await http.post(f"{url}/v1/completions", json=body, timeout=0.3)
+            for _ in range(300):  # the second upstream hears the client left
+                if sim.state.stats.snapshot().disconnected:
+                    break
+                await asyncio.sleep(0.01)
+
+    assert route.reroutes == 1
+    assert sim.state.stats.snapshot().disconnected == 1
+    assert "upstream_failed" not in caplog.text, caplog.text
