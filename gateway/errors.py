@@ -181,5 +181,6 @@ def without_userinfo(url: str) -> str:
     return _USERINFO.sub(lambda found: (found.group(1) or "") + "***@", url, count=1)
 
 
-#: a scheme, if any, then up to an "@" before any "/", "?" or "#": the userinfo
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#@]*@")
+#: a scheme, if any, then up to the last "@" before any "/", "?" or "#": the userinfo (a
+#: password may hold an "@" of its own)
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#]*@")

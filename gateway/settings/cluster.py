@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import redis.connection
 
 from gateway.core.numbers import finite
-from gateway.errors import without_userinfo
 from gateway.settings.checks import AT_MOST_A_DAY, MAX_SECONDS, check_seconds
 
 if TYPE_CHECKING:
@@ -92,16 +91,16 @@ def check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
                 f"expected at least one host: {scheme}://host:port,host:port/...",
             )
         return value.strip()
+    shown = shown_url(value.strip())
     try:
         url = urllib.parse.urlsplit(value.strip())
     except ValueError as exc:  # an unclosed "[" of an IPv6 host, say
         raise settings.error(
             name,
-            without_userinfo(value.strip()),
+            shown,
             f"not a URL that parses ({exc}); expected one like redis://redis:6379/0, "
             "an IPv6 host in brackets: redis://[::1]:6379/0",
         ) from None
-    shown = _without_password(url)
     if scheme == "unix":
         return _with_options(settings, name, value.strip(), shown)
     try:
@@ -131,17 +130,15 @@ def _with_options(settings: Settings, name: str, value: str, shown: str) -> str:
 
 
 def shown_url(url: str) -> str:
-    """``url`` for a message or a log line: a password in it is replaced by ``***``."""
-    try:
-        return _without_password(urllib.parse.urlsplit(url))
-    except ValueError:  # several hosts, IPv6 ones among them: urlsplit refuses those
-        netloc, _ = split_hosts(url)
-        userinfo, at, hosts = netloc.rpartition("@")
-        if not at:
-            return url
-        user, colon, _ = userinfo.partition(":")
-        scheme, _, rest = url.partition("://")
-        return f"{scheme}://{user}{':***' if colon else ''}@{hosts}{rest[len(netloc) :]}"
+    """``url`` for a message or a log line, as written but for a password, replaced by
+    ``***``; whether or not the rest of it parses (a list of hosts included)."""
+    netloc, _ = split_hosts(url)
+    userinfo, at, hosts = netloc.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    if not (at and colon):
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{user}:***@{hosts}{rest[len(netloc) :]}"
 
 
 def split_hosts(url: str) -> tuple[str, urllib.parse.SplitResult]:
@@ -153,15 +150,6 @@ def split_hosts(url: str) -> tuple[str, urllib.parse.SplitResult]:
     scheme, _, rest = url.partition("://")
     end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
     return rest[:end], urllib.parse.urlsplit(f"{scheme}://hosts{rest[end:]}")
-
-
-def _without_password(url: urllib.parse.SplitResult) -> str:
-    """The URL for an error message: a password in it is replaced by ``***``."""
-    if url.password is None:
-        return url.geturl()
-    user, _, host = url.netloc.rpartition("@")
-    name = user.split(":", 1)[0]
-    return url._replace(netloc=f"{name}:***@{host}").geturl()
 
 
 def check_pool(settings: Settings, name: str, value: Any) -> str:

@@ -70,6 +70,12 @@ class SentAcquire:
         self.pending = pending
         self.answered = answered
 
+    def wake(self) -> None:
+        """Let a caller still waiting in ``acquire()`` go on: it reads its answer from
+        ``pending`` (granted, failed, or still waiting)."""
+        if self.answered is not None and not self.answered.done():
+            self.answered.set_result(None)
+
 
 def call_timeout_s(settings: Settings) -> float:
     """How long a pod waits for one call before it gives up on it (and Redis must not run
@@ -142,12 +148,13 @@ class Caller:
         for index, op in enumerate(acquires):
             if op.id == waiter_id:
                 del acquires[index]
+                kept = []
                 for entry in self._ops:
-                    # a caller still in acquire() (``stop`` cancels those) reads its answer
-                    # from the pending, failed or granted by whoever cancelled
-                    if entry.op.id == waiter_id and entry.answered and not entry.answered.done():
-                        entry.answered.set_result(None)
-                self._ops = [entry for entry in self._ops if entry.op.id != waiter_id]
+                    if entry.op.id == waiter_id:
+                        entry.wake()  # still in acquire() when ``stop`` cancels it
+                    else:
+                        kept.append(entry)
+                self._ops = kept
                 return True
         return False
 
@@ -202,8 +209,7 @@ class Caller:
             # stop() cancels a call under way: its callers, still in acquire(), read their
             # answer from the pending (stop fails every one of them 503)
             for entry in ops:
-                if entry.answered is not None and not entry.answered.done():
-                    entry.answered.set_result(None)
+                entry.wake()
             raise
         except RedisUnavailable as exc:
             # the acquires gathered meanwhile will not be sent either

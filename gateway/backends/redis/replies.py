@@ -153,8 +153,7 @@ class Replies:
         else:
             if pod.waiting.pop(waiter_id, None) is not None:
                 fail(pending, pod.reject(reason_of(answer)))
-        if entry.answered is not None and not entry.answered.done():
-            entry.answered.set_result(None)
+        entry.wake()
 
 
 #: What a pod logs when it finds a new epoch, by the cause the call gave.
