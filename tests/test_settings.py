@@ -58,6 +58,26 @@ def test_errors_name_a_variable_only_for_values_read_from_the_environment() -> N
         Settings.from_env({"OBLETH_MAX_QUEUE": "-3"}, global_max_in_flight=5)
 
 
+@pytest.mark.parametrize(
+    ("environ", "shown"),
+    [
+        ({"OBLETH_EXEMPT_PATHS": "healthz,/readyz"}, "OBLETH_EXEMPT_PATHS='healthz,/readyz'"),
+        ({"OBLETH_CAPACITY_PROVIDERS": "static, static"}, "='static, static'"),
+        ({"OBLETH_TENANT_WEIGHTS": "gold:4,gold:2"}, "OBLETH_TENANT_WEIGHTS='gold:4,gold:2'"),
+    ],
+)
+def test_a_bad_list_from_the_environment_is_shown_as_written(
+    environ: dict[str, str], shown: str
+) -> None:
+    """The message shows the variable's text, which the user can find in their manifest,
+    not the Python tuple or dict it was parsed into."""
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(environ)
+    assert shown in str(caught.value)
+    with pytest.raises(ConfigError, match=r"^exempt_paths=\('healthz',\)"):
+        Settings(exempt_paths=("healthz",))
+
+
 def test_a_value_changed_by_replace_is_named_as_a_keyword() -> None:
     """``replace`` gives keywords: an error about one must not name the variable it
     replaced (the user would look for the mistake in the environment)."""
@@ -71,7 +91,7 @@ def test_a_value_changed_by_replace_is_named_as_a_keyword() -> None:
 
 def test_every_setting_has_an_environment_variable() -> None:
     """Each Settings field (but its source markers) is reachable as OBLETH_<NAME>."""
-    fields = {f.name for f in dataclasses.fields(Settings)} - {"env_names"}
+    fields = {f.name for f in dataclasses.fields(Settings)} - {"env_text"}
     assert set(setting_names()) == fields
 
 
@@ -234,7 +254,7 @@ def test_a_misspelt_variable_that_may_hold_a_secret_is_named_without_its_value(
         ({"default_tenant_weight": 10**400}, "default_tenant_weight=1000", "too large"),
         ({"tenant_weights": {"gold": 10**5000}}, "tenant_weights=", "gold: weight is too large"),
         ({"exempt_paths": ("/a", "/a/")}, "exempt_paths=", "listed twice"),
-        ({"env_names": 5}, "env_names=5", "set by Settings.from_env"),
+        ({"env_text": 5}, "env_text=5", "set by Settings.from_env"),
         ({"lease_ttl_s": 0.01}, "lease_ttl_s=0.01", "at least 0.5 seconds"),
         (
             {"lease_ttl_s": 2, "redis_retry_budget_s": 5},

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any, Self, TypeVar, cast
 
 from gateway.errors import ConfigError
-from gateway.settings.environ import ENV_PREFIX, check_env_names, read_environ, unknown_setting
+from gateway.settings.environ import ENV_PREFIX, check_env_text, read_environ, unknown_setting
 
 _T = TypeVar("_T")
 
@@ -121,15 +121,16 @@ class Declared:
       as the user wrote it.
     """
 
-    env_names: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    env_text: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """The settings read from ``OBLETH_*`` variables (by ``from_env``; the others were given
-    as keywords, such as a command's flags), so that errors name what the user wrote."""
+    as keywords, such as a command's flags), each with the text as written, so that errors
+    name the variable and show what the user wrote."""
 
     def __new__(cls, *args: Any, **values: Any) -> Self:
         specs = specs_of(cls)
         for name, value in values.items():
-            if name == "env_names":
-                check_env_names(value, specs)
+            if name == "env_text":
+                check_env_text(value, specs)
             elif name not in specs:
                 raise unknown_setting(name, value, list(specs))
         return super().__new__(cls)
@@ -146,10 +147,17 @@ class Declared:
         An ``OBLETH_*`` variable that is no setting is an error (a typo must not be
         silently ignored).
         """
-        values = read_environ(os.environ if environ is None else environ, specs_of(cls))
-        from_env = frozenset(values) - frozenset(overrides)
+        environ = os.environ if environ is None else environ
+        specs = specs_of(cls)
+        values = read_environ(environ, specs)
+        texts = {name: environ[specs[name].env] for name in values if name not in overrides}
         values.update(overrides)
-        return cls(**values, env_names=from_env)
+        return cls(**values, env_text=MappingProxyType(texts))
+
+    @property
+    def env_names(self) -> frozenset[str]:
+        """The settings read from ``OBLETH_*`` variables."""
+        return frozenset(self.env_text)
 
     def label(self, name: str) -> str:
         """The setting as the user wrote it: the environment variable or the keyword."""
@@ -162,9 +170,35 @@ class Declared:
         return name in self.env_names or getattr(self, name) != specs_of(type(self))[name].default
 
     def error(self, name: str, value: object, expected: str) -> ConfigError:
-        """The error for setting ``name`` given ``value``, naming it as the user wrote it."""
+        """The error for setting ``name`` given ``value``, naming it as the user wrote it.
+        When ``value`` is a whole list or mapping read from a variable, the message shows
+        the variable's text instead of what it was parsed into (``'a,b'``, not
+        ``('a', 'b')``); a number or a word shows as parsed, and a check that shows a
+        part, or hides a secret, passes that and it is kept."""
+        text = self.env_text.get(name)
+        if (
+            text is not None
+            and isinstance(value, (Mapping, tuple, list, set, frozenset))
+            and _same(value, getattr(self, name, _UNSET))
+        ):
+            value = text
         return ConfigError(self.label(name), value, expected)
 
     def replace(self, **changes: Any) -> Self:
         """These settings with ``changes``, given as keywords (an error names them so)."""
-        return dataclasses.replace(self, **changes, env_names=self.env_names - set(changes))
+        kept = {name: text for name, text in self.env_text.items() if name not in changes}
+        return dataclasses.replace(self, **changes, env_text=MappingProxyType(kept))
+
+
+_UNSET = object()
+
+
+def _same(value: object, stored: object) -> bool:
+    """Whether a check's ``value`` is the setting's ``stored`` value (never raising: a
+    value may compare badly)."""
+    if value is stored:
+        return True
+    try:
+        return bool(value == stored)
+    except Exception:
+        return False

@@ -86,11 +86,11 @@ def _has_password(value: object) -> bool:
     return "password=" in value.lower() or without_userinfo(value.strip()) != value.strip()
 
 
-def check_env_names(value: object, specs: Mapping[str, Spec]) -> None:
-    """``env_names`` given as a keyword: only ``from_env`` (and ``replace``) should."""
-    if not isinstance(value, frozenset) or not value <= specs.keys():
+def check_env_text(value: object, specs: Mapping[str, Spec]) -> None:
+    """``env_text`` given as a keyword: only ``from_env`` (and ``replace``) should."""
+    if not isinstance(value, Mapping) or not value.keys() <= specs.keys():
         raise ConfigError(
-            "env_names",
+            "env_text",
             value,
-            "is set by Settings.from_env (a frozenset of setting names); leave it out",
+            "is set by Settings.from_env (setting names and their text); leave it out",
         )
