@@ -28,7 +28,8 @@ The supervision:
   deaths within ``restart_window_s`` is a crash loop: the others are stopped and ``run()``
   returns 1 with an error naming the last death. A worker that exits with uvicorn's
   ``STARTUP_FAILURE`` status (3: its app failed to start) stops everything at once, as
-  uvicorn does: every replacement would fail the same way.
+  uvicorn does: every replacement would fail the same way; ``run()`` returns 3 then,
+  as a single process's failed startup does.
 - A worker whose parent dies (``kill -9``) stops itself gracefully, so no worker outlives
   the ``obleth serve`` it belongs to.
 
@@ -184,15 +185,16 @@ class Workers:
         return [p.pid for p in self._slots if p is not None and p.pid is not None]
 
     def run(self) -> int:
-        """Start the workers and supervise them until a signal (then 0) or a crash loop or
-        failed startup (then 1); every worker has exited when it returns."""
+        """Start the workers and supervise them until a signal (then 0), a crash loop (then
+        1) or a worker's failed startup (then ``STARTUP_FAILURE``, 3); every worker has
+        exited when it returns."""
         previous = self._install_signal_handlers()
         try:
             for slot in range(len(self._slots)):
                 self._start(slot)
-            failed = self._supervise()
+            status = self._supervise()
             self._stop()
-            return 1 if failed else 0
+            return status
         finally:
             self._kill_all()
             self._restore_signal_handlers(previous)
@@ -211,9 +213,9 @@ class Workers:
         self._slots[slot] = process
         return process
 
-    def _supervise(self) -> bool:
-        """Wait for a signal (False) or a death that must stop the rest (True); replace the
-        other dead."""
+    def _supervise(self) -> int:
+        """Wait for a signal (then 0) or a death that must stop the rest (then the exit
+        status ``run()`` returns); replace the other dead."""
         while not self._signals:
             # every slot holds a live worker here (or one whose death is not handled
             # yet, whose sentinel is ready at once): no death goes unnoticed
@@ -224,13 +226,14 @@ class Workers:
                 if process is None or process.is_alive():
                     continue
                 process.join()
-                if not self._replace(slot, process):
-                    return True
-        return False
+                status = self._replace(slot, process)
+                if status is not None:
+                    return status
+        return 0
 
-    def _replace(self, slot: int, process: BaseProcess) -> bool:
-        """Start another worker in ``slot`` after ``process`` died; False when that would
-        only feed a crash loop or repeat a failed startup."""
+    def _replace(self, slot: int, process: BaseProcess) -> int | None:
+        """Start another worker in ``slot`` after ``process`` died; the exit status to stop
+        with instead when that would only repeat a failed startup or feed a crash loop."""
         what = f"worker {slot + 1} of {len(self._slots)} (pid {process.pid})"
         code = process.exitcode
         if code == STARTUP_FAILURE:
@@ -240,7 +243,7 @@ class Workers:
                 what,
                 code,
             )
-            return False
+            return STARTUP_FAILURE
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < self._restart_window_s] + [now]
         deaths = f"{len(self._deaths)} worker deaths within {self._restart_window_s:g} s"
@@ -253,7 +256,7 @@ class Workers:
                 deaths,
                 self._max_restarts,
             )
-            return False
+            return 1
         replacement = self._start(slot)
         log.warning(
             "obleth serve: %s %s; pid %s serves in its place (%s; at most %d are replaced)",
@@ -263,7 +266,7 @@ class Workers:
             deaths,
             self._max_restarts,
         )
-        return True
+        return None
 
     def _stop(self) -> None:
         """SIGTERM to every worker, then up to ``stop_timeout_s`` for all to exit; a new

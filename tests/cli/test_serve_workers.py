@@ -294,10 +294,10 @@ def test_a_worker_that_fails_to_start_stops_the_supervisor_at_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Exit status 3 is uvicorn's failed startup: a replacement would fail alike, so
-    nothing is replaced."""
+    nothing is replaced, and the supervisor exits with 3 too, as one process would."""
     supervisor = Workers(exit_with, (3,), [[], []], stop_timeout_s=5)
     with caplog.at_level(logging.WARNING, logger="obleth.serve"):
-        assert supervisor.run() == 1
+        assert supervisor.run() == 3
     messages = [r.getMessage() for r in caplog.records]
     assert not [m for m in messages if "serves in its place" in m]
     assert any("failed to start (exit status 3" in m for m in messages), messages
