@@ -26,6 +26,10 @@ from gateway.protocols import CapacityProvider
 
 log = logging.getLogger("obleth.capacity")
 
+_RAISED = object()
+"""What ``Capacity._complain`` is told a provider answered when it raised (None is an
+answer a provider may give, and a fault of another kind)."""
+
 
 def is_computed(provider: object) -> bool:
     """Whether ``provider``'s value is computed rather than set by the operator: true for
@@ -82,7 +86,9 @@ class Capacity:
             if callable(subscribe):
                 try:
                     subscribe(lambda index=index: self._changed(index))
-                except Exception as exc:
+                except PASSED_ON:
+                    raise
+                except BaseException as exc:  # SystemExit too: the provider's fault
                     name = self._providers[index][0]
                     raise ProviderFailed(name, f"subscribe() raised {exc!r}") from exc
             else:
@@ -149,7 +155,7 @@ class Capacity:
             if initial:
                 name = self._providers[index][0]
                 raise ProviderFailed(name, f"max_in_flight() raised {exc!r}") from exc
-            self._complain(index, None)
+            self._complain(index, _RAISED)
             return self._last_good[index]
         if not _whole(value):
             if initial:
@@ -161,11 +167,12 @@ class Capacity:
         return value
 
     def _complain(self, index: int, value: object) -> None:
+        """Log provider ``index``'s fault: it answered ``value``, or raised (``_RAISED``)."""
         if not self._complaints.may(index):
             return
         name = self._providers[index][0]
         origin = self._origins.get(name, "")
-        if value is None:
+        if value is _RAISED:
             log.exception("capacity provider %r%s raised; keeping its last value", name, origin)
         else:
             log.error(

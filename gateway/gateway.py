@@ -18,6 +18,7 @@ from gateway.backends.memory import MemoryBackend
 from gateway.capacity import Capacity, ProviderFailed, ceiling_of
 from gateway.core.placement import KEPT, PlacementLog
 from gateway.errors import PluginError
+from gateway.faults import PASSED_ON
 from gateway.plugins import Plugins
 from gateway.protocols import CapacityProvider, CounterBackend, OverflowPolicy, Snapshot
 from gateway.routing.fleet import Fleet
@@ -95,7 +96,7 @@ class Gateway:
             self._hand_over(self.readings, self._ceiling)
             #: in cluster mode, the providers as the pool sees them: the ceiling shared,
             #: the computed ones answering the leader's values; None in process
-            self.pool_capacity = _pool_capacity(self.settings, self.providers)
+            self.pool_capacity = _pool_capacity(self.settings, self.providers, origins)
             listed = (
                 self.pool_capacity.listed()
                 if self.pool_capacity is not None
@@ -142,13 +143,19 @@ class Gateway:
         ``static`` provider's, which ``PUT /api/v1/capacity`` sets), above which a
         computed limit has no use. ``ProviderFailed`` names a provider whose method raised."""
         for name, provider in self.providers.items():
+            who = f" of capacity provider {name!r}" + self.plugins.origin_text(
+                "capacity provider", name
+            )
             for method, given in (("use_readings", readings), ("use_ceiling", ceiling)):
                 use = getattr(provider, method, None)
                 if use is None:
                     continue
                 try:
-                    use(given)
-                except Exception as exc:
+                    with readings.subscribing_as(who):
+                        use(given)
+                except PASSED_ON:
+                    raise
+                except BaseException as exc:  # SystemExit too: the provider's fault
                     raise ProviderFailed(name, f"{method}() raised {exc!r}") from exc
 
     def _ceiling(self) -> int:
@@ -255,11 +262,12 @@ class Gateway:
             if start is not None:
                 try:
                     await start()
-                except (Exception, asyncio.CancelledError) as exc:
-                    if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
-                        raise  # the start itself was cancelled, not failed
-                    # a CancelledError of the provider's own making is a failure like any
-                    # other: let through, it would not fail the server's startup
+                except BaseException as exc:
+                    if _stops_the_caller(exc):
+                        raise  # the start itself was cancelled or interrupted, not failed
+                    # anything else is the provider's failure, SystemExit and a
+                    # CancelledError of its own making included: let through, these would
+                    # end the server with no word of the provider
                     plugin = self.plugins.plugin_of("capacity provider", name)
                     why = str(exc) or type(exc).__name__
                     raise PluginError(
@@ -288,13 +296,17 @@ class Gateway:
             part, stop = self._running.pop()
             try:
                 await stop()
-            except Exception:
+            except BaseException as exc:
+                if _stops_the_caller(exc):
+                    raise
                 log.exception("%s failed to stop; stopping the rest", part)
 
     def set_capacity(self, limit: int) -> None:
         """Change the limit now, through the capacity provider that can be set (one with
         ``set_max_in_flight``, as the built-in ``static`` has); raising it admits waiters
-        at once. ``RuntimeError`` when no provider, or more than one, can be set.
+        at once. ``RuntimeError`` when no provider, or more than one, can be set;
+        ``PluginError``, naming the provider's plugin, when its ``set_max_in_flight``
+        raises.
 
         In cluster mode the new value becomes the ceiling of the whole pool: the pool's
         limit is the lowest of it and the computed providers' values, which every pod
@@ -312,8 +324,19 @@ class Gateway:
                 f"set_max_in_flight, as 'static' has); this gateway uses "
                 f"{', '.join(self.providers)}, of which these can be set: {found}"
             )
-        (setter,) = setters.values()
-        setter(limit)
+        ((name, setter),) = setters.items()
+        try:
+            setter(limit)
+        except PASSED_ON:
+            raise
+        except BaseException as exc:
+            plugin = self.plugins.plugin_of("capacity provider", name)
+            raise PluginError(
+                plugin,
+                f"capacity provider {name!r} raised {exc!r} in set_max_in_flight({limit}); "
+                "the limit may not have changed",
+                distribution=self.plugins.distribution_of(plugin),
+            ) from exc
 
     def snapshot(self) -> Snapshot:
         return self.backend.snapshot()
@@ -328,14 +351,14 @@ class Gateway:
 
 
 def _pool_capacity(
-    settings: Settings, providers: dict[str, CapacityProvider]
+    settings: Settings, providers: dict[str, CapacityProvider], origins: dict[str, str]
 ) -> PoolCapacity | None:
     """In cluster mode, the providers as the pool sees them; None in process."""
     if settings.redis_url is None:
         return None
     from gateway.backends.redis.pool_capacity import PoolCapacity
 
-    return PoolCapacity(providers, default_ceiling=settings.global_max_in_flight)
+    return PoolCapacity(providers, default_ceiling=settings.global_max_in_flight, origins=origins)
 
 
 def _backend_for(
@@ -353,10 +376,14 @@ def _backend_for(
     return RedisBackend(settings, limit=capacity.current, capacity=pool_capacity, policy=policy)
 
 
-def _being_cancelled() -> bool:
-    """Whether the running task has been asked to stop (``Task.cancel``)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+def _stops_the_caller(exc: BaseException) -> bool:
+    """Whether ``exc``, out of a part's ``start()`` or ``stop()``, must go on up: the
+    operator's Ctrl-C, or a cancellation of the task running the start or stop. Anything
+    else is the part's own failure (``gateway.faults``), to be named."""
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+    return isinstance(exc, PASSED_ON)
 
 
 def _retrieved(attempt: asyncio.Task[None]) -> None:

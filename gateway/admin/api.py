@@ -46,9 +46,9 @@ from gateway.admin.contract import CAPACITY_PATH, MAX_BODY_BYTES, MAX_LIMIT, STA
 from gateway.admin.status import status
 from gateway.asgi.body import BodyTooLarge, RequestBody, declared_length
 from gateway.asgi.responses import error_document, send_json, send_json_error
-from gateway.capacity import ceiling_of
+from gateway.capacity import is_computed
 from gateway.core.exemptions import route_path
-from gateway.errors import Disconnected
+from gateway.errors import Disconnected, PluginError
 from gateway.gateway import Gateway
 from gateway.types import ASGIApp, Receive, Scope, Send
 
@@ -140,11 +140,15 @@ class _Admin:
             return
         assert limit is not None
         gateway = self.gateway
-        old = ceiling_of(gateway.providers.values(), gateway.settings.global_max_in_flight)
+        old = _ceiling(gateway)
         try:
             gateway.set_capacity(limit)
         except RuntimeError as exc:  # no capacity provider here can be set
             await send_json_error(send, 409, str(exc), code="not_settable")
+            return
+        except PluginError as exc:  # the provider that can be set raised
+            log.error("PUT /api/v1/capacity: %s", exc, exc_info=exc.__cause__)
+            await send_json_error(send, 500, str(exc), code="provider_failed")
             return
         await _heard(gateway)
         in_force = gateway.snapshot().limit
@@ -159,6 +163,15 @@ class _Admin:
             hashlib.sha256(token).hexdigest()[:8],
         )
         await send_json(send, 200, {"max_in_flight": in_force, "ceiling": limit}, [NO_STORE])
+
+
+def _ceiling(gateway: Gateway) -> int:
+    """The operator's limit before a change, for the log: the value of the provider that
+    can be set as the limit uses it (its last good one, should it fail to answer)."""
+    values = gateway.provider_limits()
+    providers = gateway.providers
+    settable = [v for name, v in values.items() if not is_computed(providers.get(name))]
+    return min(settable, default=gateway.settings.global_max_in_flight)
 
 
 async def _heard(gateway: Gateway) -> None:

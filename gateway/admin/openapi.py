@@ -215,6 +215,10 @@ def _capacity_path() -> dict[str, Any]:
                     f"to {MAX_LIMIT} (`code` `invalid_body`, `param` `max_in_flight`); the "
                     "limit stays."
                 ),
+                "500": _error_response(
+                    "The capacity provider that takes the limit (a plugin's) raised; the "
+                    "message names it and its plugin (`code` `provider_failed`)."
+                ),
             },
         },
     }

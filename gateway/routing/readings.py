@@ -8,10 +8,14 @@ metrics-driven capacity provider gets the gateway's ``Readings`` through its opt
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+
+from gateway.complaints import Complaints
+from gateway.faults import PASSED_ON
 
 log = logging.getLogger("obleth.routing")
 
@@ -66,6 +70,8 @@ class Readings:
       for the poller; a simulation on a virtual clock (``obleth simulate``) passes its own.
     - ``subscribe(callback)`` calls ``callback()`` after every polling round, on the
       gateway's event loop, so a provider can recompute its limit when numbers change.
+      A callback that raises (``SystemExit`` too) is logged, under the name of the
+      provider that subscribed it, at most once a minute; the others are still called.
     """
 
     def __init__(
@@ -79,7 +85,10 @@ class Readings:
         self.clock = clock
         self._latest: dict[str, Reading] = {url: Reading(url) for url in upstreams}
         self._queued: dict[str, float] = dict.fromkeys(upstreams, 0.0)
-        self._subscribers: list[Callable[[], None]] = []
+        #: each callback, with whom it is logged under when it raises
+        self._subscribers: list[tuple[Callable[[], None], str]] = []
+        self._subscribing_as = ""
+        self._complaints = Complaints()
         # a bound lookup rather than a method: routing reads it for every upstream, every request
         self.get: Callable[[str], Reading] = self._latest.__getitem__
         """The latest reading of an upstream; KeyError for an unconfigured one."""
@@ -120,13 +129,31 @@ class Readings:
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after every polling round."""
-        self._subscribers.append(callback)
+        self._subscribers.append((callback, self._subscribing_as))
+
+    @contextlib.contextmanager
+    def subscribing_as(self, who: str) -> Iterator[None]:
+        """Callbacks subscribed meanwhile are ``who``'s (``" of capacity provider 'x' from
+        plugin 'p' (dist 1.0)"``): the log names it when one raises."""
+        self._subscribing_as = who
+        try:
+            yield
+        finally:
+            self._subscribing_as = ""
 
     def notify(self) -> None:
         """Tell subscribers a polling round ended (called by the poller); one subscriber
         that raises is logged and does not keep the others from being told."""
-        for callback in self._subscribers:
+        for index, (callback, who) in enumerate(self._subscribers):
             try:
                 callback()
-            except Exception:
-                log.exception("a subscriber of the upstream readings raised: %r", callback)
+            except PASSED_ON:
+                raise
+            except BaseException:  # SystemExit too: the subscriber's fault
+                if self._complaints.may(index):
+                    log.exception(
+                        "a subscriber of the upstream readings%s raised (%r); the others "
+                        "are still told, and this is logged at most once a minute",
+                        who,
+                        callback,
+                    )

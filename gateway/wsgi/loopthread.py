@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -45,11 +46,17 @@ class LoopThread:
         #: response, so a response dropped in a reference cycle would take its task into
         #: the garbage (destroyed pending, its ``finally`` run by the collector's thread)
         self._running: set[concurrent.futures.Future[Any]] = set()
+        #: what ended the loop when something escaped it (a plugin's ``sys.exit()`` in a
+        #: task, say); None while it runs, or after a ``close()``
+        self._died: BaseException | None = None
 
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop of this process, started if it is not yet."""
+        """The running loop of this process, started if it is not yet; ``RuntimeError``
+        once it died (see ``_run``)."""
         loop = self._loop
         if loop is not None and self._pid == os.getpid():
+            if self._died is not None:
+                raise _dead(self._died)
             return loop
         with self._lock:
             if self._loop is None or self._pid != os.getpid():
@@ -90,21 +97,48 @@ class LoopThread:
     def _start(self) -> None:
         loop = asyncio.new_event_loop()
         running = threading.Event()
-        thread = threading.Thread(target=_run, args=(loop, running), name=self._name, daemon=True)
+        thread = threading.Thread(
+            target=self._run, args=(loop, running), name=self._name, daemon=True
+        )
+        self._died = None
         thread.start()
         running.wait()
         self._loop, self._thread, self._pid = loop, thread, os.getpid()
 
+    def _run(self, loop: asyncio.AbstractEventLoop, running: threading.Event) -> None:
+        """The loop's thread. Should an exception escape the loop (asyncio lets
+        ``SystemExit`` and ``KeyboardInterrupt`` out of a task), the log says so, the
+        requests waiting on it are answered, and later ones get a ``RuntimeError`` at once
+        instead of waiting for good: the gateway's state went with the loop, and only a
+        new process starts afresh."""
+        asyncio.set_event_loop(loop)
+        loop.call_soon(running.set)
+        try:
+            loop.run_forever()
+        except BaseException as exc:
+            self._died = exc
+            log.critical(
+                "the gateway's event loop in process %d stopped on %r; requests through "
+                "the gateway fail until the process is restarted",
+                os.getpid(),
+                exc,
+                exc_info=exc,
+            )
+        finally:
+            # requests still on the loop end now: their worker threads are answered
+            pending = asyncio.all_tasks(loop)
+            if pending:
+                stopping = (cancel_and_wait(task) for task in pending)
+                loop.run_until_complete(asyncio.gather(*stopping, return_exceptions=True))
+            loop.close()
+            if self._died is not None:
+                for future in list(self._running):
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):
+                        future.set_exception(_dead(self._died))
 
-def _run(loop: asyncio.AbstractEventLoop, running: threading.Event) -> None:
-    asyncio.set_event_loop(loop)
-    loop.call_soon(running.set)
-    try:
-        loop.run_forever()
-    finally:
-        # requests still on the loop end now: their worker threads are answered
-        pending = asyncio.all_tasks(loop)
-        if pending:
-            stopping = (cancel_and_wait(task) for task in pending)
-            loop.run_until_complete(asyncio.gather(*stopping, return_exceptions=True))
-        loop.close()
+
+def _dead(cause: BaseException) -> RuntimeError:
+    return RuntimeError(
+        f"the gateway's event loop in this process stopped on {cause!r} (the log has its "
+        "traceback, naming the code it came from); restart the process"
+    )

@@ -34,8 +34,17 @@ class PoolCapacity:
     value of its own, and ``leading()`` says whether this pod holds the leader lease.
     """
 
-    def __init__(self, providers: Mapping[str, CapacityProvider], *, default_ceiling: int) -> None:
+    def __init__(
+        self,
+        providers: Mapping[str, CapacityProvider],
+        *,
+        default_ceiling: int,
+        origins: Mapping[str, str] | None = None,
+    ) -> None:
+        """``origins`` says, for a provider's name, where it comes from (its plugin and
+        distribution), for the log lines about a faulty provider."""
         self._providers = dict(providers)
+        self._origins = dict(origins or {})
         self._default_ceiling = default_ceiling
         self._settable = [p for p in self._providers.values() if not is_computed(p)]
         self.values: dict[str, PoolValue] = {}
@@ -57,10 +66,10 @@ class PoolCapacity:
         self._complaints = Complaints()
         self._syncing = False
         self._ceiling = default_ceiling
-        for provider in self._settable:
+        for name, provider in self._providers.items():
             subscribe = getattr(provider, "subscribe", None)
-            if callable(subscribe):
-                subscribe(self._operator_changed)
+            if not is_computed(provider) and callable(subscribe):
+                _subscribe(name, subscribe, self._operator_changed)
 
     @property
     def computed(self) -> list[str]:
@@ -97,8 +106,9 @@ class PoolCapacity:
             elif self._complaints.may(name):
                 # every pod reads the pool's value, not this one: no one else would say
                 log.error(
-                    "capacity provider %r %s; the pool keeps its last good value, %s",
+                    "capacity provider %r%s %s; the pool keeps its last good value, %s",
                     name,
+                    self._origins.get(name, ""),
                     own,
                     self._own_good.get(name, "none yet"),
                 )
@@ -171,10 +181,7 @@ class AnnouncedPoolValue(PoolValue):
         super().__init__(name, provider, pool)
         self._subscribers: list[Callable[[], None]] = []
         self._announced = self._answer()
-        try:
-            provider.subscribe(self._provider_changed)  # type: ignore[attr-defined]
-        except Exception as exc:
-            raise ProviderFailed(name, f"subscribe() raised {exc!r}") from exc
+        _subscribe(name, provider.subscribe, self._provider_changed)  # type: ignore[attr-defined]
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         self._subscribers.append(callback)
@@ -210,6 +217,18 @@ def _good_answer(provider: CapacityProvider) -> int | str:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return f"returned {value!r}, not an int >= 0"
     return value
+
+
+def _subscribe(
+    name: str, subscribe: Callable[[Callable[[], None]], object], callback: Callable[[], None]
+) -> None:
+    """``subscribe(callback)`` on provider ``name``; ``ProviderFailed`` if it raises."""
+    try:
+        subscribe(callback)
+    except PASSED_ON:
+        raise
+    except BaseException as exc:  # SystemExit too: the provider's fault
+        raise ProviderFailed(name, f"subscribe() raised {exc!r}") from exc
 
 
 def _ignore() -> None:
