@@ -28,3 +28,14 @@ PASSED_ON: Final[tuple[type[BaseException], ...]] = (
     KeyboardInterrupt,
     GeneratorExit,
 )
+
+
+def stops_the_caller(exc: BaseException) -> bool:
+    """Whether ``exc``, out of a plugin's ``start()`` or ``stop()`` (awaited by the
+    gateway's own start or stop), must go on up: one of ``PASSED_ON``, but a
+    ``CancelledError`` only while the task awaiting it is being cancelled. One that a
+    plugin raised of its own accord is its failure, to be named like any other."""
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+    return isinstance(exc, PASSED_ON)

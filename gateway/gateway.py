@@ -18,7 +18,7 @@ from gateway.backends.memory import MemoryBackend
 from gateway.capacity import Capacity, ProviderFailed, ceiling_of
 from gateway.core.placement import KEPT, PlacementLog
 from gateway.errors import PluginError
-from gateway.faults import PASSED_ON
+from gateway.faults import PASSED_ON, stops_the_caller
 from gateway.plugins import Plugins
 from gateway.protocols import CapacityProvider, CounterBackend, OverflowPolicy, Snapshot
 from gateway.routing.fleet import Fleet
@@ -263,7 +263,7 @@ class Gateway:
                 try:
                     await start()
                 except BaseException as exc:
-                    if _stops_the_caller(exc):
+                    if stops_the_caller(exc):
                         raise  # the start itself was cancelled or interrupted, not failed
                     # anything else is the provider's failure, SystemExit and a
                     # CancelledError of its own making included: let through, these would
@@ -297,7 +297,7 @@ class Gateway:
             try:
                 await stop()
             except BaseException as exc:
-                if _stops_the_caller(exc):
+                if stops_the_caller(exc):
                     raise
                 log.exception("%s failed to stop; stopping the rest", part)
 
@@ -374,16 +374,6 @@ def _backend_for(
 
     assert pool_capacity is not None
     return RedisBackend(settings, limit=capacity.current, capacity=pool_capacity, policy=policy)
-
-
-def _stops_the_caller(exc: BaseException) -> bool:
-    """Whether ``exc``, out of a part's ``start()`` or ``stop()``, must go on up: the
-    operator's Ctrl-C, or a cancellation of the task running the start or stop. Anything
-    else is the part's own failure (``gateway.faults``), to be named."""
-    if isinstance(exc, asyncio.CancelledError):
-        task = asyncio.current_task()
-        return task is not None and task.cancelling() > 0
-    return isinstance(exc, PASSED_ON)
 
 
 def _retrieved(attempt: asyncio.Task[None]) -> None:
