@@ -16,7 +16,7 @@ from gateway.cli.simulate_plan import (
 )
 from gateway.simulate import profiles
 from gateway.simulate.errors import BadFlag
-from gateway.simulate.render import as_json, run_table, sweep_table
+from gateway.simulate.render import as_json, number, run_table, sweep_table
 from gateway.simulate.report import (
     add_fitness,
     check_records_path,
@@ -288,9 +288,9 @@ def run(args: argparse.Namespace) -> int:
         return status
     verdict = None
     if slo is not None:
-        told = ", ".join(f"{k}={v:g}" for k, v in slo.items())
+        told = ", ".join(f"{k}={number(v)}" for k, v in slo.items())
         verdict = (
-            f"{sweep.answer_end} {sweep.flag} meeting {told}: {found:g}"
+            f"{sweep.answer_end} {sweep.flag} meeting {told}: {number(found)}"
             if found is not None
             else f"no {sweep.flag} in the sweep meets {told}"
         )
@@ -303,7 +303,7 @@ def _heading(plan: Plan, sweep: Sweep | None) -> list[str]:
     w = plan.workload
     swept = sweep.flag if sweep is not None else None
     instances = "swept" if swept == "num-instances" else str(plan.num_instances)
-    rate = "swept" if swept == "rate" else f"{w.rate:g}"
+    rate = "swept" if swept == "rate" else number(w.rate)
     prefix = (
         f", shared prefix {w.prefix_tokens} in {w.prefix_groups} group(s)"
         if w.prefix_tokens

@@ -12,6 +12,9 @@ from collections.abc import Mapping, Sequence
 
 from gateway.simulate.report import Report
 
+#: Why an output is shorter than asked, as the tables say it.
+CUT = "prompt and output over an instance's KV cache"
+
 #: The figures of a single run's table, in order, with their decimals.
 _ROWS = (
     ("ttft_p50_ms", 1),
@@ -60,6 +63,8 @@ def run_table(report: Report, heading: Sequence[str]) -> str:
         assert isinstance(reasons, Mapping)
         told = ", ".join(f"{k} {v}" for k, v in reasons.items())
         lines.append(f"{'rejected':<26}{report['rejected']} ({told})")
+    if report.get("outputs_cut"):
+        lines.append(f"{'outputs_cut':<26}{report['outputs_cut']} ({CUT})")
     for key, decimals in _ROWS:
         if key in report:
             lines.append(f"{key:<26}{_number(report[key], decimals)}")
@@ -101,15 +106,30 @@ def sweep_table(
         header += f"{'slo':>5}"
     lines = [*heading, "", header]
     for value, report in zip(values, reports, strict=True):
-        row = f"{value:>{first}g}" + "".join(
+        row = f"{number(value):>{first}}" + "".join(
             f"{_number(report[key], decimals):>{_width(key)}}" for key, decimals in columns
         )
         if has_slo:
             row += f"{'yes' if report['slo_met'] else 'no':>5}"
         lines.append(row)
+    cut = [
+        f"{flag}={number(value)}: {report['outputs_cut']} outputs cut short ({CUT}); that run "
+        "meets no objective"
+        for value, report in zip(values, reports, strict=True)
+        if report.get("outputs_cut")
+    ]
+    if cut:
+        lines += ["", *cut]
     if verdict is not None:
         lines += ["", verdict]
     return "\n".join(lines) + "\n"
+
+
+def number(value: float) -> str:
+    """A value as typed: whole ones without a decimal point, others with every digit
+    (``:g`` keeps six, and 1048576 and 1048577 both read ``1.04858e+06``)."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(value)
 
 
 def _width(key: str) -> int:

@@ -68,6 +68,13 @@ def report(result: RunResult) -> Report:
         "num_requests": plan.workload.num_requests,
         "seed": plan.seed,
         "completed": len(done),
+        # outputs shorter than asked: prompt and output did not fit an instance's KV
+        # cache, which caps the output as a server's context length does
+        "outputs_cut": sum(
+            1
+            for o in done
+            if o.sequence is not None and o.sequence.max_tokens < o.request.output_tokens
+        ),
         "rejected": sum(rejected.values()),
         "rejected_by_reason": dict(sorted(rejected.items())),
         "ttft_p50_ms": percentile(ttft, 50),

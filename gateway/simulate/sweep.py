@@ -2,8 +2,9 @@
 
 ``--sweep num-instances=4..16`` runs the same workload (same seed) on 4, 5, ... 16
 instances; with ``--slo ttft_p99_ms=500`` the answer is the fewest instances that meet
-it. A sweep over ``rate`` answers the highest rate that meets it; over
-``max-in-flight``, ``total-kv-blocks`` or ``max-num-seqs``, the smallest value.
+it. A sweep over ``rate`` or ``max-in-flight`` answers the highest value that meets it
+(a limit costs nothing, and the highest admits the most); over ``total-kv-blocks`` or
+``max-num-seqs``, the smallest.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from gateway.simulate.instance import MAX_INSTANCES
 SWEEPABLE = {
     "num-instances": (int, "smallest"),
     "rate": (float, "largest"),
-    "max-in-flight": (int, "smallest"),
+    "max-in-flight": (int, "largest"),
     "total-kv-blocks": (int, "smallest"),
     "max-num-seqs": (int, "smallest"),
 }
@@ -127,7 +128,11 @@ def parse_slo(text: str) -> dict[str, float]:
 
 def meets(report: Mapping[str, object], slo: Mapping[str, float]) -> bool:
     """Whether every objective holds for ``report`` (a figure that is not a number, as a
-    latency with no request completed, fails)."""
+    latency with no request completed, fails). A run that cut outputs short to fit the KV
+    cache meets none: its figures are those of a lighter workload than the one asked
+    for, and a sweep over the cache would otherwise answer a cache too small to serve it."""
+    if report.get("outputs_cut"):
+        return False
     for name, bound in slo.items():
         value = report.get(name)
         if not isinstance(value, int | float) or math.isnan(value):
