@@ -139,8 +139,10 @@ def _engine_flags(profile: Profile, args: argparse.Namespace) -> Profile:
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None:
             changes[field] = value
-    if changes.get("kv_cache_blocks", 0) >= 1:  # a bad one is told as itself, below
+    if changes.get("kv_cache_blocks", 0) >= 1 and profile.config.prefix_cache_blocks:
         # a cached prefix lives in KV memory no sequence holds: the cache is as large
+        # (a bad size is told as itself, below; a profile without prefix caching keeps
+        # it off, as a sweep of the size does)
         changes["prefix_cache_blocks"] = changes["kv_cache_blocks"]
     if args.no_enable_prefix_caching:
         changes["prefix_cache_blocks"] = 0

@@ -4,6 +4,7 @@ end of the swept range it picks for each flag."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tests.simulate.test_cli import simulate_in_process, table_rows
 
@@ -65,3 +66,23 @@ def test_values_are_printed_with_every_digit_they_were_given() -> None:
     assert "10.1234567 req/s" in table
     assert [line.split()[0] for line in lines[-4:-2]] == ["1048576", "1048577"]
     assert lines[-1] == "smallest total-kv-blocks meeting rejected=0: 1048576"
+
+
+def test_a_kv_size_reads_alike_as_a_flag_and_as_a_swept_value(tmp_path: Path) -> None:
+    """``--total-kv-blocks`` turned on the prefix cache a profile had off, so the same
+    size gave another hit rate (and TTFT) as a flag than as a value of a sweep."""
+    profile = tmp_path / "uncached.json"
+    profile.write_text(json.dumps({"model": "mine", "engine": {"prefix_cache_blocks": 0}}))
+    workload = (
+        f"--profile={profile}",
+        "--prefix-tokens=1024",
+        "--prefix-groups=2",
+        "--num-requests=40",
+        "--rate=20",
+        "--json",
+    )
+    flagged = json.loads(simulate_in_process(*workload, "--total-kv-blocks=8192"))
+    swept = json.loads(simulate_in_process(*workload, "--sweep=total-kv-blocks=8192"))
+    assert swept["runs"][0]["prefix_cache_hit_rate"] == 0.0
+    assert flagged["prefix_cache_hit_rate"] == 0.0
+    assert flagged["ttft_p50_ms"] == swept["runs"][0]["ttft_p50_ms"]
