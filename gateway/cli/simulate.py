@@ -11,6 +11,7 @@ from gateway.cli.simulate_plan import (
     DEFAULT_INSTANCES,
     DEFAULT_RATE,
     plan_of,
+    refuse_flags_without_effect,
     refuse_swept_flag,
     with_value,
 )
@@ -120,8 +121,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     load.add_argument(
         "--prefix-groups",
         type=int,
-        default=1,
-        help="how many different shared prefixes; each request draws one",
+        default=None,
+        help="how many different shared prefixes; each request draws one (default: 1)",
     )
     load.add_argument(
         "--tenants",
@@ -247,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
     sweep = parse_sweep(args.sweep) if args.sweep is not None else None
     if sweep is not None:
         refuse_swept_flag(args, sweep)
+    refuse_flags_without_effect(args, sweep)
     plans = [plan] if sweep is None else [with_value(plan, sweep.flag, v) for v in sweep.values]
     # checked first: a path that cannot be written stops the command before it runs
     if args.results_path is not None:

@@ -43,7 +43,8 @@ def plan_of(args: argparse.Namespace) -> Plan:
     _within("--num-instances", instances, 1, MAX_INSTANCES)
     _within("--num-requests", args.num_requests, 1, MAX_REQUESTS)
     _within("--prefix-tokens", args.prefix_tokens, 0, MAX_TOKENS)
-    _within("--prefix-groups", args.prefix_groups, 1, MAX_GROUPS)
+    groups = 1 if args.prefix_groups is None else args.prefix_groups
+    _within("--prefix-groups", groups, 1, MAX_GROUPS)
     if not math.isfinite(rate) or rate <= 0:
         raise BadFlag("--rate", rate, "requests per second, a number above 0")
     _arrive_within_a_day("--rate", rate, args.num_requests)
@@ -63,7 +64,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
         input_tokens=parse_tokens("--input-tokens", args.input_tokens),
         output_tokens=parse_tokens("--output-tokens", args.output_tokens),
         prefix_tokens=args.prefix_tokens,
-        prefix_groups=args.prefix_groups,
+        prefix_groups=groups,
         tenants=parse_shares("--tenants", args.tenants) if args.tenants is not None else None,
     )
     gateway: dict[str, Any] = {}
@@ -172,6 +173,45 @@ def refuse_swept_flag(args: argparse.Namespace, sweep: Sweep) -> None:
             f"--{sweep.flag}",
             given,
             f"--sweep {args.sweep} sets --{sweep.flag} for each run; give one or the other",
+            told=True,
+        )
+
+
+def refuse_flags_without_effect(args: argparse.Namespace, sweep: Sweep | None) -> None:
+    """`BadFlag` for a flag the run would ignore: the queue's flags with nothing that can
+    make a request wait (no limit, given or swept, and no tenant cap), a computed limit
+    with no ceiling to compute under, shared-prefix groups with no shared prefix."""
+    swept = sweep is not None and sweep.flag == "max-in-flight"
+    limited = args.max_in_flight is not None or swept
+    if not limited and args.tenant_max_in_flight is None:
+        for flag, value in (
+            ("--policy", args.policy),
+            ("--max-queue", args.max_queue),
+            ("--queue-timeout", args.queue_timeout),
+        ):
+            if value is not None:
+                raise BadFlag(
+                    flag,
+                    value,
+                    "decides what happens when no seat is free, and without --max-in-flight "
+                    "(or a sweep of it) or --tenant-max-in-flight there always is one; give "
+                    "a limit too",
+                    told=True,
+                )
+    if not limited and args.capacity_providers is not None:
+        raise BadFlag(
+            "--capacity-providers",
+            args.capacity_providers,
+            "computes a limit under --max-in-flight (static's value, the ceiling), and "
+            "without it there is no limit; give --max-in-flight too",
+            told=True,
+        )
+    if args.prefix_groups is not None and not args.prefix_tokens:
+        raise BadFlag(
+            "--prefix-groups",
+            args.prefix_groups,
+            "draws each request's shared prefix among that many, and without "
+            "--prefix-tokens there is none; give --prefix-tokens too",
             told=True,
         )
 

@@ -194,6 +194,8 @@ def test_a_bad_flag_exits_2_with_one_line_naming_it(
     traceback (run in this process, where one would fail the test)."""
     given = value(tmp_path) if callable(value) else value
     few = [] if flag == "--num-requests" else ["--num-requests=5"]
+    if flag == "--policy":
+        few.append("--max-in-flight=4")  # without a limit, no policy has anything to do
     assert main(["simulate", *few, flag, given]) == 2
     out, err = capsys.readouterr()
     assert out == ""
