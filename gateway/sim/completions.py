@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from gateway.sim.config import SimConfig
 from gateway.sim.engine import SimEngine
 from gateway.sim.generation import EngineStopped, Generation
 from gateway.sim.kvcache import PromptTooLong
@@ -95,11 +96,16 @@ class CompletionEndpoint:
         if request.model and request.model != served:
             await _send_json(send, 404, unserved_model_body(request.model, [served]))
             return
+        prompt = self._engine.tokenize(request.prompt_text)
         try:
-            generation = self._engine.submit(request.prompt_text, request.max_tokens)
+            _check_context(self._engine.config, prompt.num_tokens, request)
+            generation = self._engine.submit(prompt, request.max_tokens)
         except PromptTooLong as exc:
             param = "prompt" if request.endpoint == "completions" else "messages"
             await _send_json(send, 400, error_body(str(exc), param=param))
+            return
+        except _TooManyTokens as exc:
+            await _send_json(send, 400, error_body(str(exc), param=request.max_tokens_param))
             return
         try:
             # the request stops counting the moment the disconnect is seen, with its slot
@@ -159,6 +165,28 @@ class CompletionEndpoint:
                 usage = usage_chunk_body(request, usage=_usage(generation), **fields)
                 await send(_body(sse_event(usage)))
         await send(_body(sse_event("[DONE]"), more=False))
+
+
+class _TooManyTokens(ValueError):
+    """A ``max_tokens`` that cannot fit in the context beside the prompt."""
+
+
+def _check_context(config: SimConfig, prompt_tokens: int, request: CompletionRequest) -> None:
+    """``_TooManyTokens`` for a ``max_tokens`` the client gave that does not fit beside the
+    prompt in the KV cache, this server's context: vLLM refuses it with a 400 rather than
+    generate less than asked (a default, not given, is capped instead). A prompt over the
+    whole context is ``PromptTooLong``'s, raised by the engine."""
+    if request.max_tokens is None:
+        return
+    context = config.kv_cache_blocks * config.block_size_tokens
+    room = context - prompt_tokens + 1  # the last token's KV is never needed
+    if prompt_tokens <= context and request.max_tokens > room:
+        raise _TooManyTokens(
+            f"{request.max_tokens_param} is too large: {request.max_tokens}. The simulated KV "
+            f"cache, this server's context, holds {context} tokens and the request has "
+            f"{prompt_tokens} input tokens, which leaves room for {room} output tokens; ask "
+            "for fewer, or start the simulator with a larger --kv-cache-blocks"
+        )
 
 
 def _body(data: bytes, *, more: bool = True) -> Message:

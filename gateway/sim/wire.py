@@ -35,6 +35,9 @@ class CompletionRequest:
     """The prompt as one string (chat messages serialized in order)."""
     max_tokens: int | None
     """Requested completion length; None means the simulator's default."""
+    max_tokens_param: str
+    """The parameter ``max_tokens`` came from (``max_completion_tokens`` or ``max_tokens``),
+    for an error about it."""
     stream: bool
     include_usage: bool
     """`stream_options.include_usage`: end the stream with a usage chunk."""
@@ -55,6 +58,7 @@ def parse_request(endpoint: Endpoint, body: bytes) -> CompletionRequest:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise InvalidRequest("request body must be a JSON object")
+    max_param = "max_tokens"
     if endpoint == "completions":
         text = completion_prompt_text(_prompt(payload))
         max_tokens = _positive_int_or_none(payload, "max_tokens")
@@ -63,6 +67,8 @@ def parse_request(endpoint: Endpoint, body: bytes) -> CompletionRequest:
         max_tokens = _positive_int_or_none(payload, "max_completion_tokens")
         if max_tokens is None:
             max_tokens = _positive_int_or_none(payload, "max_tokens")
+        else:
+            max_param = "max_completion_tokens"
     model = payload.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidRequest("model must be a string", "model")
@@ -78,11 +84,16 @@ def parse_request(endpoint: Endpoint, body: bytes) -> CompletionRequest:
     include_usage = (options or {}).get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
         raise InvalidRequest("include_usage must be a boolean", "stream_options.include_usage")
+    if options is not None and not stream:  # as vLLM: a client relying on it learns now
+        raise InvalidRequest(
+            "stream_options can only be given with stream set to true", "stream_options"
+        )
     return CompletionRequest(
         endpoint=endpoint,
         model=model,
         prompt_text=text,
         max_tokens=max_tokens,
+        max_tokens_param=max_param,
         stream=bool(stream),
         include_usage=bool(include_usage),
     )

@@ -44,7 +44,7 @@ POD_ENV = {
     "OBLETH_ROUTING_LOAD_BOUND": "4",
 }
 
-ENDLESS: dict[str, Any] = {"prompt": "Count to a million.", "max_tokens": 1_000_000, "stream": True}
+ENDLESS: dict[str, Any] = {"prompt": "Count to a million.", "max_tokens": 100_000, "stream": True}
 SHORT: dict[str, Any] = {"prompt": "Say something short.", "max_tokens": 1}
 
 

@@ -27,7 +27,7 @@ CONFIG = SimConfig(
     chars_per_token=4,
     block_size_tokens=4,
 )
-LONG = 1_000_000
+LONG = 30_000  # within the default 32 768-token KV cache: 300 s of 10 ms steps
 Stats = dict[str, Any]
 
 
@@ -451,6 +451,44 @@ async def test_a_prompt_larger_than_the_kv_cache_gets_a_400_naming_the_setting(
     assert "--kv-cache-blocks" in error["message"]
     current = await stats(small_kv)
     assert (current["failed"], current["waiting"], current["concurrency"]) == (1, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "y" * 8, "max_tokens": 26}, "max_tokens"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "y"}], "max_completion_tokens": 10**9},
+            "max_completion_tokens",
+        ),
+    ],
+)
+async def test_an_output_that_cannot_fit_beside_the_prompt_gets_a_400(
+    small_kv: httpx.AsyncClient, path: str, body: dict[str, Any], param: str
+) -> None:
+    """As vLLM refuses a ``max_tokens`` over its context: the simulator used to cut it
+    silently and answer 200 with fewer tokens, while the request filled the KV cache
+    and preempted the others."""
+    response = await small_kv.post(path, json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert f"{param} is too large" in error["message"]
+    assert "holds 32 tokens" in error["message"] and "--kv-cache-blocks" in error["message"]
+    fits = await small_kv.post("/v1/completions", json={"prompt": "y" * 8, "max_tokens": 25})
+    assert fits.json()["usage"]["completion_tokens"] == 25
+    unasked = await small_kv.post("/v1/completions", json={"prompt": "y" * 8})
+    assert unasked.status_code == 200  # a default left to the server is capped instead
+
+
+async def test_stream_options_without_a_stream_get_a_400(small_kv: httpx.AsyncClient) -> None:
+    """vLLM refuses them: a client that sets ``include_usage`` on a plain request must
+    learn it here, not in production."""
+    body = {"prompt": "hi", "max_tokens": 2, "stream_options": {"include_usage": True}}
+    response = await small_kv.post("/v1/completions", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "stream_options"
 
 
 async def test_requests_preempted_for_kv_still_complete_and_the_metrics_count_it(
