@@ -85,7 +85,7 @@ class Capacity:
             subscribe = getattr(provider, "subscribe", None)
             if callable(subscribe):
                 try:
-                    subscribe(lambda index=index: self._changed(index))
+                    subscribe(self._changed)
                 except PASSED_ON:
                     raise
                 except BaseException as exc:  # SystemExit too: the provider's fault
@@ -138,8 +138,13 @@ class Capacity:
         values = (v for i, v in enumerate(self._last_good) if i not in self._polled)
         return min(values, default=None)
 
-    def _changed(self, index: int) -> None:
-        self._read(index, self._providers[index][1])
+    def _changed(self) -> None:
+        # every announcing provider is read again, not only the one that spoke: a computed
+        # value stays under the operator's ceiling (``use_ceiling``), so it moves when the
+        # ceiling does, and the ceiling's provider is the one to announce that move
+        for each, (_, provider) in enumerate(self._providers):
+            if each not in self._polled:
+                self._read(each, provider)
         self._announced = self._announced_minimum()
         if not self._polled:
             self.settled = self._announced

@@ -106,6 +106,36 @@ async def test_a_put_answers_the_limit_in_force_and_the_ceiling_it_set(
     assert "ceiling 300 -> 5 (limit in force 5)" in caplog.text
 
 
+class Follower(Dial):
+    """A computed provider that stays under the ceiling without announcing it, as
+    ``kv-pressure`` and ``adaptive`` do: its value is the lower of its own and the
+    operator's limit."""
+
+    def max_in_flight(self) -> int:
+        return min(self.value, self.ceiling())
+
+
+async def test_a_raised_ceiling_raises_a_limit_a_computed_provider_follows() -> None:
+    """In process, a computed provider capped by the ceiling moves with it, and only the
+    ceiling's provider announces the move: lowered to 4 and raised to 500, the limit in
+    force stayed 4 while the status showed both providers at 500."""
+    settings = Settings(
+        global_max_in_flight=64, admin_token=TOKEN, capacity_providers=("static", "dial")
+    )
+    gateway = Gateway(settings, plugins=[DialPlugin(Follower(1000))], entry_points=False)
+    await gateway.start()
+    try:
+        async with admin(gateway) as client:
+            for ceiling in (4, 500):
+                put = await client.put(CAPACITY, headers=BEARER, json={"max_in_flight": ceiling})
+                assert put.json() == {"max_in_flight": ceiling, "ceiling": ceiling}
+            status = (await client.get("/api/v1/status", headers=BEARER)).json()
+    finally:
+        await gateway.stop()
+    assert status["capacity"]["max_in_flight"] == 500
+    assert status["capacity"]["providers"] == {"static": 500, "dial": 500}
+
+
 async def test_in_cluster_mode_a_get_right_after_a_put_agrees_with_it(
     redis_url: str, pool_name: str
 ) -> None:

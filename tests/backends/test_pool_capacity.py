@@ -231,7 +231,10 @@ async def test_a_provider_failing_on_the_leader_is_named_in_the_log(
     gauge.failing = True
 
     async def logged() -> bool:
-        return "capacity provider 'dial' raised ConnectionError" in caplog.text
+        return (
+            "capacity provider 'dial' from plugin 'DialPlugin-0' (registered by the "
+            "application) raised ConnectionError" in caplog.text
+        )
 
     with caplog.at_level(logging.ERROR, logger="obleth"):
         assert await eventually(logged, 3 * TTL), caplog.text

@@ -177,6 +177,24 @@ def test_on_an_idle_fleet_a_raised_ceiling_raises_the_limit_at_once() -> None:
     assert provider.max_in_flight() == 200
 
 
+def test_through_the_gateway_a_raised_ceiling_raises_the_limit_in_force() -> None:
+    """The operator's limit lowered to 4 and raised to 500 through ``set_capacity`` (as
+    ``PUT /api/v1/capacity`` does): the provider follows the ceiling without announcing
+    it, and the gateway kept enforcing 4 while its status showed both providers at 500."""
+    gateway = Gateway(
+        Settings(
+            capacity_providers=["static", "kv-pressure"],
+            upstreams=[A],
+            global_max_in_flight=64,
+        )
+    )
+    gateway.set_capacity(4)
+    assert gateway.snapshot().limit == 4
+    gateway.set_capacity(500)
+    assert gateway.provider_limits() == {"static": 500, "kv-pressure": 500}
+    assert gateway.snapshot().limit == 500
+
+
 def test_selected_without_upstreams_it_stops_startup_saying_why() -> None:
     """Without upstreams the gateway polls no backend: kv-pressure would hold the
     operator's limit for good, unseen. Startup stops, naming what to set."""
