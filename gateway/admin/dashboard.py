@@ -9,21 +9,15 @@ fragment or a form) in the ``Authorization`` header only.
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
+import re
 from importlib import resources
 
 from gateway.types import Send
 
 DASHBOARD_PATH = "/dashboard"
-
-#: the page may load, run, style and call only what comes from the gateway's own origin;
-#: no page may frame it (a "Set" button under someone else's overlay), and its forms can
-#: submit nowhere (the script sends the token in a header, never in a URL or a form post)
-CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; script-src 'unsafe-inline' 'self'; style-src 'unsafe-inline' 'self'; "
-    "connect-src 'self'; img-src 'self' data:; "
-    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
-)
 
 
 @functools.cache
@@ -32,13 +26,33 @@ def page() -> bytes:
     return resources.files(__package__).joinpath("dashboard.html").read_bytes()
 
 
+@functools.cache
+def content_security_policy() -> str:
+    """What the page may do: load, style and call only what comes from the gateway's own
+    origin, and run only its own script, named by its hash (a script injected into the
+    page, through a tenant's name say, would not run even if the page failed to show
+    names as text); no page may frame it (a "Set" button under someone else's overlay),
+    and its forms can submit nowhere (the script sends the token in a header, never in a
+    URL or a form post)."""
+    scripts = re.findall(rb"<script>(.*?)</script>", page(), flags=re.S)
+    hashes = " ".join(
+        f"'sha256-{base64.b64encode(hashlib.sha256(script).digest()).decode()}'"
+        for script in scripts
+    )
+    return (
+        f"default-src 'self'; script-src {hashes}; style-src 'unsafe-inline' 'self'; "
+        "connect-src 'self'; img-src 'self' data:; "
+        "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+    )
+
+
 async def send_page(send: Send) -> None:
     """Answer with the page (for HEAD too: the server drops the body of a HEAD answer)."""
     body = page()
     headers = [
         (b"content-type", b"text/html; charset=utf-8"),
         (b"content-length", b"%d" % len(body)),
-        (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+        (b"content-security-policy", content_security_policy().encode()),
         (b"cache-control", b"no-store"),
         (b"x-content-type-options", b"nosniff"),
         (b"referrer-policy", b"no-referrer"),
