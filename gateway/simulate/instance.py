@@ -44,7 +44,7 @@ class Instance:
         self._first_token = first_token
         self._done: dict[int, asyncio.Future[Sequence]] = {}
         self._stepping = False
-        #: requests handed to this instance
+        #: requests this instance took (not those it refused: ``PromptTooLong``)
         self.requests = 0
 
     def submit(self, prompt: TokenizedPrompt, max_tokens: int) -> asyncio.Future[Sequence]:

@@ -28,7 +28,8 @@ class Tokens:
     b: float = 0.0
 
     def draw(self, rng: random.Random) -> int:
-        """One count, at least 1."""
+        """One count, from 1 to ``MAX_TOKENS``: a distribution's tail is cut there, as the
+        bound of a fixed count is (``exponential:1e7`` draws above it)."""
         if self.kind == "fixed":
             value = self.a
         elif self.kind == "uniform":
@@ -37,7 +38,7 @@ class Tokens:
             value = rng.gauss(self.a, self.b)
         else:  # exponential, of mean a
             value = rng.expovariate(1.0 / self.a)
-        return max(1, round(value))
+        return min(MAX_TOKENS, max(1, round(value)))
 
     @property
     def mean(self) -> float:

@@ -4,8 +4,10 @@ end of the swept range it picks for each flag."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
+from gateway.simulate.workload import MAX_TOKENS, parse_tokens
 from tests.simulate.test_cli import simulate_in_process, table_rows
 
 #: 20 requests of 512 prompt and 512 output tokens, one at a time: 40 blocks of 16 tokens
@@ -86,3 +88,13 @@ def test_a_kv_size_reads_alike_as_a_flag_and_as_a_swept_value(tmp_path: Path) ->
     assert swept["runs"][0]["prefix_cache_hit_rate"] == 0.0
     assert flagged["prefix_cache_hit_rate"] == 0.0
     assert flagged["ttft_p50_ms"] == swept["runs"][0]["ttft_p50_ms"]
+
+
+def test_a_drawn_count_stays_within_the_bound_of_a_fixed_one() -> None:
+    """``exponential:1e7`` drew prompts of 11 million tokens, past the 10 million a fixed
+    count may be; the tail is cut at the bound."""
+    drawn = parse_tokens("--input-tokens", "exponential:1e7")
+    rng = random.Random(42)
+    counts = [drawn.draw(rng) for _ in range(200)]
+    assert max(counts) == MAX_TOKENS
+    assert min(counts) >= 1
