@@ -144,6 +144,12 @@ def check_records_path(path: str) -> None:
     that stops on a bad flag must not empty it), and a missing one is not left behind
     (nor the missing target of a link)."""
     existed = os.path.exists(path)  # through a link, as open() goes
+    if existed and not os.path.isfile(path):
+        # a pipe or a device: opening it to try would be a read's end of file (a FIFO's
+        # reader takes the close for the end and leaves) or would wait for a reader
+        if not os.access(path, os.W_OK):
+            raise BadFlag("--results-path", path, "a writable file (permission denied)")
+        return
     try:
         open(path, "a", encoding="utf-8").close()
     except OSError as exc:

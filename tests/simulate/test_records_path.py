@@ -1,0 +1,29 @@
+"""``--results-path`` naming a named pipe: the records reach its reader."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from tests.simulate.test_cli import obleth_simulate
+
+
+def test_a_named_pipe_gets_every_record(tmp_path: Path) -> None:
+    """The up-front check that the path can be written opened the pipe and closed it: its
+    reader took that for the end and left, and the command then waited for good to write
+    the records."""
+    pipe = tmp_path / "records"
+    os.mkfifo(pipe)
+    lines: list[str] = []
+
+    def read() -> None:
+        with open(pipe, encoding="utf-8") as source:
+            lines.extend(source)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    done = obleth_simulate("--num-requests=5", f"--results-path={pipe}")
+    reader.join(30)
+    assert done.returncode == 0, done.stderr
+    assert len(lines) == 5
