@@ -305,8 +305,9 @@ class Gateway:
         """Change the limit now, through the capacity provider that can be set (one with
         ``set_max_in_flight``, as the built-in ``static`` has); raising it admits waiters
         at once. ``RuntimeError`` when no provider, or more than one, can be set;
-        ``PluginError``, naming the provider's plugin, when its ``set_max_in_flight``
-        raises.
+        ``ValueError`` when that provider refuses ``limit`` (``static`` refuses one below
+        0, or no whole number), saying why; ``PluginError``, naming the provider's plugin,
+        when its ``set_max_in_flight`` raises anything else.
 
         In cluster mode the new value becomes the ceiling of the whole pool: the pool's
         limit is the lowest of it and the computed providers' values, which every pod
@@ -327,6 +328,8 @@ class Gateway:
         ((name, setter),) = setters.items()
         try:
             setter(limit)
+        except ValueError:
+            raise  # the value is refused: the caller's to hear
         except PASSED_ON:
             raise
         except BaseException as exc:

@@ -146,6 +146,11 @@ class _Admin:
         except RuntimeError as exc:  # no capacity provider here can be set
             await send_json_error(send, 409, str(exc), code="not_settable")
             return
+        except ValueError as exc:  # the provider that can be set refuses the value
+            await send_json_error(
+                send, 422, f"refused: {exc}", code="invalid_body", param="max_in_flight"
+            )
+            return
         except PluginError as exc:  # the provider that can be set raised
             log.error("PUT /api/v1/capacity: %s", exc, exc_info=exc.__cause__)
             await send_json_error(send, 500, str(exc), code="provider_failed")

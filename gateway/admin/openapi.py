@@ -212,8 +212,8 @@ def _capacity_path() -> dict[str, Any]:
                 ),
                 "422": _error_response(
                     "The body is not a JSON object with only a whole `max_in_flight` from 0 "
-                    f"to {MAX_LIMIT} (`code` `invalid_body`, `param` `max_in_flight`); the "
-                    "limit stays."
+                    f"to {MAX_LIMIT}, or a value the provider that takes the limit refuses "
+                    "(`code` `invalid_body`, `param` `max_in_flight`); the limit stays."
                 ),
                 "500": _error_response(
                     "The capacity provider that takes the limit (a plugin's) raised; the "

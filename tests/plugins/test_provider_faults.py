@@ -212,3 +212,23 @@ async def test_a_settable_provider_that_fails_answers_the_put_500_naming_it(
     assert f"capacity provider 'faulty' raised {error!r} in set_max_in_flight(5)" in message
     assert read.json() == {"max_in_flight": 3}
     assert any(r.exc_info for r in caplog.records)
+
+
+async def test_a_settable_provider_refusing_a_value_answers_the_put_422() -> None:
+    """A ``ValueError`` from ``set_max_in_flight`` refuses the value, as ``static``
+    refuses one below 0: the operator's to fix, answered with the provider's reason."""
+
+    class Even(Provider):
+        def set_max_in_flight(self, value: int) -> None:
+            raise ValueError(f"{value} is odd; this provider takes even limits")
+
+    gateway = gateway_with(Even, capacity_providers=("faulty",), admin_token=TOKEN)
+    await gateway.start()
+    try:
+        async with admin(gateway) as client:
+            put = await client.put("/api/v1/capacity", headers=BEARER, json={"max_in_flight": 5})
+    finally:
+        await gateway.stop()
+    assert put.status_code == 422
+    assert put.json()["error"]["param"] == "max_in_flight"
+    assert put.json()["error"]["message"] == "refused: 5 is odd; this provider takes even limits"
