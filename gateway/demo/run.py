@@ -4,6 +4,7 @@ against it, a live table while it runs, and a summary at the end."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from gateway.settings import Settings
 from gateway.sim import SimConfig, create_app
 
 SAMPLE_EVERY_S = 0.05
+#: clients that share one HTTP connection pool
+CLIENTS_PER_POOL = 32
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,15 @@ class DemoOptions:
     #: None: the setting's default
     max_queue: int | None = None
     refresh_s: float = 0.5
+
+
+def _pool(url: str) -> httpx.AsyncClient:
+    limits = httpx.Limits(
+        max_connections=CLIENTS_PER_POOL,
+        max_keepalive_connections=CLIENTS_PER_POOL,
+        keepalive_expiry=KEEPALIVE_EXPIRY_S,  # before the server closes an idle one
+    )
+    return httpx.AsyncClient(base_url=url, limits=limits, timeout=60.0, trust_env=False)
 
 
 async def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
@@ -61,22 +73,22 @@ async def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     live = out.isatty()
     loop = asyncio.get_running_loop()
 
-    async with serve_in_task(app) as server:
-        clients = sum(t.clients for t in options.tenants)
-        limits = httpx.Limits(
-            max_connections=clients + 8,
-            max_keepalive_connections=clients + 8,
-            keepalive_expiry=KEEPALIVE_EXPIRY_S,  # before the server closes an idle one
-        )
-        async with httpx.AsyncClient(
-            base_url=server.url, limits=limits, timeout=60.0, trust_env=False
-        ) as http:
+    async with serve_in_task(app) as server, contextlib.AsyncExitStack() as pools:
+        clients = [(index, tenant, n) for index, tenant in enumerate(options.tenants)
+                   for n in range(tenant.clients)]  # fmt: skip
+        # a pool per few clients: one pool's bookkeeping grows with its connections, and
+        # a thousand clients on one stalled the whole loop for seconds at a time
+        https = [
+            await pools.enter_async_context(_pool(server.url))
+            for _ in range(0, len(clients), CLIENTS_PER_POOL)
+        ]
+        if True:
             started = loop.time()
             deadline = started + options.duration_s
             tasks = [
                 asyncio.create_task(
                     run_client(
-                        http,
+                        https[k // CLIENTS_PER_POOL],
                         tenant,
                         tallies[tenant.name],
                         seed=index * 1000 + n,
@@ -84,17 +96,19 @@ async def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                         model=backend.state.config.model,
                     )
                 )
-                for index, tenant in enumerate(options.tenants)
-                for n in range(tenant.clients)
+                for k, (index, tenant, n) in enumerate(clients)
             ]
             try:
-                next_draw = started
+                next_draw = sampled = started
                 while loop.time() < deadline:
                     await asyncio.sleep(SAMPLE_EVERY_S)
                     snapshot = gateway.snapshot()
+                    # the time since the last sample, however late this one runs
+                    now = loop.time()
+                    elapsed, sampled = now - sampled, now
                     for name, state in snapshot.tenants.items():
                         if name in tallies:
-                            tallies[name].seat_seconds += state.inflight * SAMPLE_EVERY_S
+                            tallies[name].seat_seconds += state.inflight * elapsed
                     if loop.time() >= next_draw:
                         next_draw += options.refresh_s if live else 5.0
                         for name, tally in tallies.items():

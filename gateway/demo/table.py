@@ -71,11 +71,14 @@ def summary(
     released: int,
 ) -> str:
     total_seat_s = sum(t.seat_seconds for t in tallies.values()) or 1.0
+    # answers that were neither a completion nor a refusal (a 400, a connection lost), shown
+    # when there are any: otherwise such a tenant's row reads as if it sent nothing
+    errors = any(t.errors for t in tallies.values())
     lines = [
         "",
         "Share of seats held over the run, against the weighted max-min fair share:",
         f"{'tenant':<10}{'weight':>7}{'held':>8}{'fair':>8}{'admitted':>9}{'done':>7}"
-        f"{'rejected':>10}",
+        f"{'rejected':>10}" + (f"{'errors':>8}" if errors else ""),
     ]
     for tenant in tenants:
         tally = tallies[tenant.name]
@@ -83,6 +86,7 @@ def summary(
             f"{tenant.name:<10}{tenant.weight:>7g}"
             f"{tally.seat_seconds / total_seat_s:>8.1%}{fair[tenant.name]:>8.1%}"
             f"{len(tally.waits):>9}{tally.completed:>7}{sum(tally.rejected.values()):>10}"
+            + (f"{tally.errors:>8}" if errors else "")
         )
     notes = [f"{t.name} sends {t.critical_share:.0%} critical" for t in tenants if t.critical_share]
     notes += [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.core.tickets import MAX_TENANT_CHARS
 from gateway.errors import ConfigError
 
 
@@ -37,6 +38,13 @@ def parse_tenants(text: str, *, limit: int, flood: str | None) -> list[TenantLoa
         name = name.strip()
         if not name or not 0 < weight < float("inf"):
             raise ConfigError("--tenants", text, "expected name:weight pairs with weights above 0")
+        if len(name) > MAX_TENANT_CHARS:
+            raise ConfigError(
+                "--tenants",
+                text,
+                f"tenant {name[:20]!r}...: names are at most {MAX_TENANT_CHARS} characters, as "
+                "the gateway takes them",
+            )
         if not name.isascii() or not name.isprintable():
             raise ConfigError(
                 "--tenants", text, f"tenant {name!r}: names are sent as a header, so ASCII only"

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from gateway.demo.load import Tally
 from gateway.demo.table import live_table, summary
-from gateway.demo.tenants import TenantLoad
+from gateway.demo.tenants import TenantLoad, parse_tenants
+from gateway.errors import ConfigError
 from gateway.protocols import Snapshot, TenantState
 
 TENANTS = [TenantLoad("gold", 4, 16), TenantLoad("bronze", 1, 48)]
@@ -81,3 +84,19 @@ def test_summary_shows_each_tenants_admissions_and_share_against_its_fair_share(
     assert _row(text, "gold")[2:] == ["75.0%", "80.0%", "5", "3", "0"]
     assert _row(text, "bronze")[2:] == ["25.0%", "20.0%", "2", "1", "9"]
     assert "never above the limit" in text and "7 admitted, 7 released" in text
+
+
+def test_answers_that_were_neither_done_nor_refused_are_counted_in_the_summary() -> None:
+    """A tenant whose every request failed (a 400 for a name the gateway refuses, a
+    connection lost) read 0 admitted, 0 done, 0 rejected, as if it had sent nothing."""
+    tallies = _tallies()
+    tallies["bronze"].errors = 576
+    text = summary(TENANTS, tallies, {"gold": 0.8, "bronze": 0.2}, 4, 4, 7, 7)
+    assert _row(text, "tenant")[-1] == "errors"
+    assert _row(text, "bronze")[-1] == "576"
+    assert _row(text, "gold")[-1] == "0"
+
+
+def test_a_tenant_name_the_gateway_would_refuse_stops_the_demo_naming_it() -> None:
+    with pytest.raises(ConfigError, match="names are at most 256 characters"):
+        parse_tenants("a" * 300 + ":1,b:1", limit=4, flood=None)
