@@ -73,16 +73,16 @@ async def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     live = out.isatty()
     loop = asyncio.get_running_loop()
 
-    async with serve_in_task(app) as server, contextlib.AsyncExitStack() as pools:
-        clients = [(index, tenant, n) for index, tenant in enumerate(options.tenants)
-                   for n in range(tenant.clients)]  # fmt: skip
-        # a pool per few clients: one pool's bookkeeping grows with its connections, and
-        # a thousand clients on one stalled the whole loop for seconds at a time
-        https = [
-            await pools.enter_async_context(_pool(server.url))
-            for _ in range(0, len(clients), CLIENTS_PER_POOL)
-        ]
-        if True:
+    async with serve_in_task(app) as server:
+        async with contextlib.AsyncExitStack() as pools:
+            clients = [(index, tenant, n) for index, tenant in enumerate(options.tenants)
+                       for n in range(tenant.clients)]  # fmt: skip
+            # a pool per few clients: one pool's bookkeeping grows with its connections, and
+            # a thousand clients on one stalled the whole loop for seconds at a time
+            https = [
+                await pools.enter_async_context(_pool(server.url))
+                for _ in range(0, len(clients), CLIENTS_PER_POOL)
+            ]
             started = loop.time()
             deadline = started + options.duration_s
             tasks = [
