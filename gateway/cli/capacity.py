@@ -107,11 +107,11 @@ def run(args: argparse.Namespace) -> int:
         message = _error_message(document) or answer.reason_phrase
         return _fail(f"{url}: {answer.status_code} {message}")
     limit = document.get("max_in_flight") if isinstance(document, dict) else None
-    if not isinstance(limit, int):
+    if not isinstance(limit, int) or isinstance(limit, bool):  # JSON true is no limit
         return _fail(f"{url}: the answer holds no max_in_flight; is this an Obleth admin API?")
     print(limit)
     ceiling = document.get("ceiling")
-    if isinstance(ceiling, int) and ceiling != limit:
+    if isinstance(ceiling, int) and not isinstance(ceiling, bool) and ceiling != limit:
         print(
             f"obleth capacity: the ceiling is now {ceiling}; the limit in force is {limit}, "
             "the lowest of the capacity providers (GET /api/v1/status shows each)",

@@ -78,7 +78,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Serve an OpenAI-compatible gateway: every request is admitted through the "
             "fair queue, routed to one of the upstreams and streamed back. Settings come "
-            "from OBLETH_* variables; flags given here win over them. The gateway answers "
+            "from OBLETH_* variables; flags given here win over them (every variable set "
+            "is still checked: a bad one stops startup even when a flag replaces it). The "
+            "gateway answers "
             f"{HEALTH_PATH} (alive), {READY_PATH} (an upstream is healthy and the queue is "
             f"below 80 % of its bound) and {METRICS_PATH} (Prometheus text) itself."
         ),

@@ -79,4 +79,8 @@ def cannot_listen(command: str, host: str, port: int, flag: str, error: OSError)
         fix = "give --host an address or a name this machine resolves"
     elif error.errno == errno.EADDRNOTAVAIL:  # an address of another machine
         fix = "give --host an address of this machine (127.0.0.1, 0.0.0.0, or one it has)"
+    elif error.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors, not of ports
+        fix = "raise the limit on open files (ulimit -n)" + (
+            ", or give --workers fewer" if command == "serve" else ""
+        )
     return f"obleth {command}: cannot listen on {host}:{port}: {error.strerror or error}; {fix}"

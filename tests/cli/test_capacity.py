@@ -3,14 +3,17 @@ command line through a real admin API; every failure is one line and a non-zero 
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from gateway import Gateway, Settings
 from gateway.admin import admin_app
+from gateway.cli.server_flags import cannot_listen
 from gateway.loopback import serve_in_thread
 from tests.backends.dial import Dial, DialPlugin
 from tests.cluster.pods import free_port
@@ -135,3 +138,26 @@ def test_a_bad_url_or_timeout_is_a_usage_error_naming_the_flag(
     assert done.returncode == 2
     assert says in done.stderr and "Traceback" not in done.stderr
     assert ":pw@" not in done.stderr
+
+
+def test_an_answer_whose_limit_is_a_boolean_is_no_limit() -> None:
+    """JSON ``true`` is an ``int`` to Python: the command printed ``True``, status 0."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        body = b'{"max_in_flight": true}'
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    with serve_in_thread(app, lifespan="off") as server:
+        done = obleth("get", "--url", server.url)
+    assert done.returncode == 1
+    assert "the answer holds no max_in_flight" in done.stderr and done.stdout == ""
+
+
+def test_out_of_file_descriptors_says_so_not_to_change_the_port() -> None:
+    """``--workers 300`` under ``ulimit -n 200`` was told to give --port a free port."""
+    error = OSError(errno.EMFILE, "Too many open files")
+    line = cannot_listen("serve", "127.0.0.1", 8000, "--port", error)
+    assert line.endswith("raise the limit on open files (ulimit -n), or give --workers fewer")
+    assert "--workers" not in cannot_listen("mock-backend", "127.0.0.1", 8000, "--port", error)
