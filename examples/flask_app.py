@@ -1,6 +1,6 @@
 """A Flask app with an OpenAI-style chat endpoint, behind ``WSGIGatewayMiddleware``.
 
-Run it from the repository's root (``pip install -e .`` first), under gunicorn's threaded
+Run it from the repository's root (``pip install -e . flask gunicorn`` first), under gunicorn's threaded
 workers:
 
     OBLETH_GLOBAL_MAX_IN_FLIGHT=2 OBLETH_OVERFLOW_POLICY=reject \\

@@ -1,6 +1,6 @@
 """A Litestar app with an OpenAI-style chat endpoint, behind ``GatewayMiddleware``.
 
-Run it from the repository's root (``pip install -e .`` first):
+Run it from the repository's root (``pip install -e . litestar`` first):
 
     OBLETH_GLOBAL_MAX_IN_FLIGHT=2 OBLETH_OVERFLOW_POLICY=reject uvicorn examples.litestar_app:app
 

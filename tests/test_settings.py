@@ -181,6 +181,29 @@ def test_bad_environment_names_the_variable_value_and_fix(
     assert hint in str(caught.value)
 
 
+def test_kubernetes_service_links_for_a_service_named_obleth_are_left_alone() -> None:
+    """Kubernetes sets ``<SERVICE>_SERVICE_HOST``, ``<SERVICE>_PORT_8000_TCP_ADDR`` and
+    the like in every pod for each Service of the namespace: with a Service named
+    ``obleth`` (contrib/kubernetes has one) the gateway's pods stopped at startup on
+    variables nobody wrote. A misspelt setting is still an error."""
+    links = {
+        "OBLETH_SERVICE_HOST": "10.96.0.10",
+        "OBLETH_SERVICE_PORT": "8000",
+        "OBLETH_SERVICE_PORT_HTTP": "8000",
+        "OBLETH_PORT": "tcp://10.96.0.10:8000",
+        "OBLETH_PORT_8000_TCP": "tcp://10.96.0.10:8000",
+        "OBLETH_PORT_8000_TCP_PROTO": "tcp",
+        "OBLETH_PORT_8000_TCP_PORT": "8000",
+        "OBLETH_PORT_8000_TCP_ADDR": "10.96.0.10",
+        "OBLETH_REDIS_SERVICE_HOST": "10.96.0.11",
+        "OBLETH_REDIS_PORT_6379_TCP_ADDR": "10.96.0.11",
+        "OBLETH_MAX_QUEUE": "7",
+    }
+    assert Settings.from_env(links).max_queue == 7
+    with pytest.raises(ConfigError, match="did you mean OBLETH_REDIS_URL"):
+        Settings.from_env({**links, "OBLETH_REDIS_URI": "redis://h:6379/0"})
+
+
 def test_a_blank_variable_is_unset() -> None:
     """``OBLETH_X=`` (a deployment template's value left out) keeps the default: a blank
     ``OBLETH_EXEMPT_PATHS`` must not take the probes' exemption away, nor a blank number

@@ -1,6 +1,6 @@
 """A small Django project behind the gateway, served over ASGI or WSGI.
 
-Run it from the repository's root (``pip install -e .`` first), over ASGI:
+Run it from the repository's root (``pip install -e . django`` first), over ASGI:
 
     OBLETH_GLOBAL_MAX_IN_FLIGHT=2 OBLETH_OVERFLOW_POLICY=reject \\
     uvicorn examples.django_project.asgi:application

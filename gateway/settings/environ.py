@@ -16,6 +16,15 @@ if TYPE_CHECKING:
 
 ENV_PREFIX = "OBLETH_"
 
+#: what Kubernetes sets in every pod for each Service of its namespace (its "service
+#: links"): a Service named ``obleth`` or ``obleth-redis`` gives ``OBLETH_SERVICE_HOST``,
+#: ``OBLETH_PORT_8000_TCP_ADDR``, ``OBLETH_REDIS_PORT`` and the like, which no one wrote
+#: and which must not stop the gateway as misspelt settings would
+SERVICE_LINK = re.compile(
+    r"OBLETH(?:_[A-Z0-9_]+?)?_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+    r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)"
+)
+
 
 def read_environ(environ: Mapping[str, str], specs: Mapping[str, Spec]) -> dict[str, Any]:
     """The ``OBLETH_*`` variables of ``environ``, each read by its setting's parser, by
@@ -34,6 +43,8 @@ def read_environ(environ: Mapping[str, str], specs: Mapping[str, Spec]) -> dict[
             continue
         spec = specs.get(key[len(ENV_PREFIX) :].lower())
         if spec is None:
+            if SERVICE_LINK.fullmatch(key):
+                continue  # Kubernetes' own, for a Service named obleth...
             if owned is None:
                 owned = plugin_prefixes()
             if key.startswith(owned) and not _slip_of_a_setting(key, owned, specs):

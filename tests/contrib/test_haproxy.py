@@ -194,3 +194,18 @@ def test_compose_publishes_the_ports_haproxy_binds_and_the_gateways_believe_it_a
         assert gateway.settings.trusted_proxies == (f"{address}/32",), name
     (frontend,) = frontends()
     assert ["forwardfor"] in directives(frontend, "option")
+
+
+def test_what_a_client_claims_about_where_it_comes_from_is_dropped_at_the_edge() -> None:
+    """The gateways trust HAProxy, so they believe every forwarding header it passes:
+    one a client sent (``X-Forwarded-Host: evil.example``) must not get through."""
+    (frontend,) = frontends()
+    requests = directives(frontend, "http-request")
+    dropped = {words[1].lower() for words in requests if words[0] == "del-header"}
+    assert dropped >= {
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+        "x-real-ip",
+    }

@@ -379,6 +379,15 @@ def test_the_redis_url_reaches_the_redis_pods() -> None:
     assert spec["image"].startswith("redis:")
 
 
+def test_no_pod_gets_variables_for_the_namespaces_services() -> None:
+    """Kubernetes sets ``OBLETH_SERVICE_HOST``, ``OBLETH_PORT_8000_TCP_ADDR`` ... in every
+    pod for the Service named ``obleth``; the pods find Services by DNS and want none of
+    them (the gateway leaves such names alone, but a plugin's namespace might not)."""
+    for workload in workloads():
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["enableServiceLinks"] is False, workload["metadata"]["name"]
+
+
 def test_every_pod_runs_unprivileged_within_bounded_resources() -> None:
     """Every pod meets the `restricted` Pod Security level its namespace enforces
     (non-root, no privilege escalation, no capabilities, the runtime's seccomp profile),
