@@ -78,6 +78,14 @@ def test_a_bad_list_from_the_environment_is_shown_as_written(
         Settings(exempt_paths=("healthz",))
 
 
+def test_a_variable_named_in_lower_case_after_the_prefix_is_read() -> None:
+    """``OBLETH_global_max_in_flight`` has always been read as the setting; keeping each
+    variable's text for error messages must not trip over its spelling."""
+    settings = Settings.from_env({"OBLETH_global_max_in_flight": "5"})
+    assert settings.global_max_in_flight == 5
+    assert settings.env_text == {"global_max_in_flight": "5"}
+
+
 def test_a_value_changed_by_replace_is_named_as_a_keyword() -> None:
     """``replace`` gives keywords: an error about one must not name the variable it
     replaced (the user would look for the mistake in the environment)."""

@@ -150,7 +150,10 @@ class Declared:
         environ = os.environ if environ is None else environ
         specs = specs_of(cls)
         values = read_environ(environ, specs)
-        texts = {name: environ[specs[name].env] for name in values if name not in overrides}
+        # by setting name, as read_environ matches them (OBLETH_max_queue is max_queue)
+        written = {key[len(ENV_PREFIX) :].lower(): text for key, text in environ.items()
+                   if key.startswith(ENV_PREFIX)}  # fmt: skip
+        texts = {name: written[name] for name in values if name not in overrides}
         values.update(overrides)
         return cls(**values, env_text=MappingProxyType(texts))
 

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -144,7 +145,8 @@ def check_records_path(path: str) -> None:
     that stops on a bad flag must not empty it), and a missing one is not left behind
     (nor the missing target of a link)."""
     existed = os.path.exists(path)  # through a link, as open() goes
-    if existed and not os.path.isfile(path):
+    mode = os.stat(path).st_mode if existed else 0
+    if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
         # a pipe or a device: opening it to try would be a read's end of file (a FIFO's
         # reader takes the close for the end and leaves) or would wait for a reader
         if not os.access(path, os.W_OK):

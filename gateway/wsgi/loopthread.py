@@ -81,6 +81,8 @@ class LoopThread:
             loop, thread = self._loop, self._thread
             if loop is None or thread is None or self._pid != os.getpid():
                 return
+            if self._died is not None:  # nothing left to run ``last`` on
+                return
             self._loop = self._thread = None
         if last is not None:
 
@@ -125,9 +127,14 @@ class LoopThread:
                 exc_info=exc,
             )
         finally:
-            # requests still on the loop end now: their worker threads are answered
-            pending = asyncio.all_tasks(loop)
-            if pending:
+            # requests still on the loop end now: their worker threads are answered (a few
+            # rounds: ending one may start another, a hand-over queued meanwhile)
+            for _ in range(3):
+                # hand-overs queued from other threads meanwhile become tasks first
+                loop.run_until_complete(asyncio.sleep(0))
+                pending = asyncio.all_tasks(loop)
+                if not pending:
+                    break
                 stopping = (cancel_and_wait(task) for task in pending)
                 loop.run_until_complete(asyncio.gather(*stopping, return_exceptions=True))
             loop.close()

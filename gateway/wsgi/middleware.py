@@ -90,7 +90,7 @@ class WSGIGatewayMiddleware:
             ahead = body_ahead(environ, plan.max_body)
         loop = self._loop.loop()
         passage = Passage(loop)
-        self._loop.submit(passage.fly(plan, scope, ahead))
+        self._loop.submit(passage.fly(plan, scope, ahead)).add_done_callback(passage.unflown)
         answer = passage.verdict.result()
         if answer is not None:
             return answer.write(start_response)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import http
 import logging
 from collections.abc import Iterable, Iterator, Sized
@@ -125,6 +126,15 @@ class Passage:
         finally:
             if not self.verdict.done():
                 self.verdict.set_result(CUT_SHORT if left else STOPPED)
+
+    def unflown(self, flight: concurrent.futures.Future[None]) -> None:
+        """The done callback of the future ``fly()`` was submitted under: a flight that
+        never ran (its loop died with it still queued, see ``LoopThread``) left the
+        verdict unset, and the worker thread would wait on it for good; it is told the
+        gateway stopped, as a flight cut short by the loop's end is."""
+        if not self.verdict.done() and (flight.cancelled() or flight.exception() is not None):
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                self.verdict.set_result(STOPPED)
 
     async def _collect(self, message: Message) -> None:
         """The flight's ``send``, for an answer the gateway gives itself."""

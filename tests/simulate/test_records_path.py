@@ -27,3 +27,9 @@ def test_a_named_pipe_gets_every_record(tmp_path: Path) -> None:
     reader.join(30)
     assert done.returncode == 0, done.stderr
     assert len(lines) == 5
+
+
+def test_a_folder_is_refused_before_the_run(tmp_path: Path) -> None:
+    done = obleth_simulate("--num-requests=5", f"--results-path={tmp_path}")
+    assert done.returncode == 2
+    assert "--results-path" in done.stderr and "a writable file" in done.stderr

@@ -8,10 +8,14 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+from typing import Any
+from wsgiref.util import setup_testing_defaults
 
 import pytest
 
+from gateway.settings import Settings
 from gateway.wsgi.loopthread import LoopThread
+from gateway.wsgi.middleware import WSGIGatewayMiddleware
 
 
 def test_a_loop_that_dies_fails_its_requests_and_the_later_ones_at_once(
@@ -43,3 +47,51 @@ def test_a_loop_that_dies_fails_its_requests_and_the_later_ones_at_once(
     [record] = caplog.records
     assert "the gateway's event loop in process" in record.getMessage()
     assert record.exc_info is not None
+
+
+def test_a_request_handed_over_as_the_loop_dies_is_answered_503() -> None:
+    """A worker thread whose request was still queued for the loop when it died waited
+    on its verdict for good; it is answered now: served by the loop's last round, or told
+    the gateway stopped, as when it stops under a request."""
+
+    def app(environ: dict[str, object], start_response: Any) -> list[bytes]:
+        start_response("200 OK", [("content-type", "text/plain")])
+        return [b"ok"]
+
+    middleware = WSGIGatewayMiddleware(app, Settings(global_max_in_flight=4))
+    middleware.start()
+    busy, queued = threading.Event(), threading.Event()
+
+    async def exiting() -> None:
+        busy.set()
+        queued.wait(5)  # the loop is held here while the worker hands its request over
+        raise SystemExit(4)
+
+    loop = middleware._loop
+    loop.submit(exiting())
+    assert busy.wait(5)
+    submit = loop.submit
+
+    def handing_over(coroutine: Any) -> concurrent.futures.Future[Any]:
+        future = submit(coroutine)
+        queued.set()
+        return future
+
+    loop.submit = handing_over  # type: ignore[method-assign]
+    answered: dict[str, Any] = {}
+
+    def worker() -> None:
+        environ: dict[str, Any] = {"PATH_INFO": "/v1/completions"}
+        setup_testing_defaults(environ)
+        answered["body"] = b"".join(
+            middleware(
+                environ, lambda status, headers, exc=None: answered.setdefault("status", status)
+            )
+        )
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    # the loop's last round may still have admitted it; if not, the gateway stopped
+    assert answered["status"] == "200 OK" or b'"code": "unavailable"' in answered["body"]
