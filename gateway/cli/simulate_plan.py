@@ -179,11 +179,12 @@ def refuse_swept_flag(args: argparse.Namespace, sweep: Sweep) -> None:
 
 def refuse_flags_without_effect(args: argparse.Namespace, sweep: Sweep | None) -> None:
     """`BadFlag` for a flag the run would ignore: the queue's flags with nothing that can
-    make a request wait (no limit, given or swept, and no tenant cap), a computed limit
-    with no ceiling to compute under, shared-prefix groups with no shared prefix."""
+    make a request wait (no limit, given or swept, and no tenant cap), shared-prefix
+    groups with no shared prefix. A computed capacity provider needs no limit: it may
+    set one of its own (``adaptive`` probes at a few seats)."""
     swept = sweep is not None and sweep.flag == "max-in-flight"
     limited = args.max_in_flight is not None or swept
-    if not limited and args.tenant_max_in_flight is None:
+    if not limited and args.tenant_max_in_flight is None and args.capacity_providers is None:
         for flag, value in (
             ("--policy", args.policy),
             ("--max-queue", args.max_queue),
@@ -198,14 +199,6 @@ def refuse_flags_without_effect(args: argparse.Namespace, sweep: Sweep | None) -
                     "a limit too",
                     told=True,
                 )
-    if not limited and args.capacity_providers is not None:
-        raise BadFlag(
-            "--capacity-providers",
-            args.capacity_providers,
-            "computes a limit under --max-in-flight (static's value, the ceiling), and "
-            "without it there is no limit; give --max-in-flight too",
-            told=True,
-        )
     if args.prefix_groups is not None and not args.prefix_tokens:
         raise BadFlag(
             "--prefix-groups",

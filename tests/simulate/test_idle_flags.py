@@ -15,16 +15,14 @@ from tests.simulate.test_cli import simulate_in_process
         (["--policy=reject"], "--policy 'reject'", "give a limit too"),
         (["--max-queue=4"], "--max-queue 4", "give a limit too"),
         (["--queue-timeout=2"], "--queue-timeout 2.0", "give a limit too"),
-        (["--capacity-providers=kv-pressure"], "--capacity-providers", "give --max-in-flight"),
         (["--prefix-groups=5"], "--prefix-groups 5", "give --prefix-tokens too"),
     ],
 )
 def test_a_flag_with_nothing_to_act_on_exits_2_naming_it(
     flags: list[str], named: str, says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Without a limit every request is admitted at once, so the queue's flags and a
-    computed limit had no effect at all (the heading even showed no limit); groups of a
-    shared prefix with no shared prefix neither."""
+    """Without a limit every request is admitted at once, so the queue's flags had no
+    effect at all; groups of a shared prefix with no shared prefix neither."""
     assert main(["simulate", "--num-requests=5", *flags]) == 2
     out, err = capsys.readouterr()
     assert out == ""
@@ -38,6 +36,7 @@ def test_a_flag_with_nothing_to_act_on_exits_2_naming_it(
         ["--policy=reject", "--sweep=max-in-flight=2,4"],
         ["--queue-timeout=2", "--tenant-max-in-flight=default:1"],
         ["--capacity-providers=static", "--max-in-flight=2"],
+        ["--capacity-providers=static,adaptive", "--policy=reject"],
         ["--prefix-groups=2", "--prefix-tokens=64"],
     ],
 )
