@@ -232,3 +232,32 @@ async def test_a_settable_provider_refusing_a_value_answers_the_put_422() -> Non
     assert put.status_code == 422
     assert put.json()["error"]["param"] == "max_in_flight"
     assert put.json()["error"]["message"] == "refused: 5 is odd; this provider takes even limits"
+
+
+def test_in_cluster_mode_a_settable_provider_that_exits_keeps_the_last_ceiling(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The pool reads the operator's ceiling from the provider that can be set; a
+    ``sys.exit()`` there used to end the server from inside a reply from Redis."""
+
+    class Settable(Provider):
+        failing = False
+
+        def max_in_flight(self) -> int:
+            if Settable.failing:
+                raise SystemExit(4)
+            return 3
+
+        def set_max_in_flight(self, value: int) -> None:
+            raise SystemExit(4)
+
+    gateway = gateway_with(
+        Settable, capacity_providers=("faulty",), redis_url="redis://127.0.0.1:9/0"
+    )
+    pool = gateway.pool_capacity
+    assert pool is not None
+    assert pool.ceiling() == 3
+    Settable.failing = True
+    with caplog.at_level(logging.ERROR, logger="obleth.cluster"):
+        assert pool.ceiling() == 3
+    assert "the capacity provider that can be set failed" in caplog.text

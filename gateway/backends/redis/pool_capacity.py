@@ -84,8 +84,13 @@ class PoolCapacity:
         """This pod's operator limit: the pool's ceiling once heard, kept in the provider."""
         try:
             self._ceiling = ceiling_of(self._providers.values(), self._default_ceiling)
-        except Exception:
-            log.exception("the capacity provider that can be set failed; keeping its last value")
+        except PASSED_ON:
+            raise
+        except BaseException:  # SystemExit too: the provider's fault
+            if self._complaints.may("ceiling"):
+                log.exception(
+                    "the capacity provider that can be set failed; keeping its last value"
+                )
         return self._ceiling
 
     def in_use(self, name: str) -> ComputedValue | None:
@@ -148,7 +153,9 @@ class PoolCapacity:
         try:
             if provider.max_in_flight() != ceiling:
                 provider.set_max_in_flight(ceiling)  # type: ignore[attr-defined]
-        except Exception:
+        except PASSED_ON:
+            raise
+        except BaseException:  # SystemExit too: the provider's fault
             log.exception("the pool's ceiling %d could not be given to this pod", ceiling)
         finally:
             self._syncing = False
