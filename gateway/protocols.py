@@ -29,8 +29,9 @@ class CapacityProvider(Protocol):
     background task started by an optional ``async start()`` and ended by
     ``async stop()``. A provider whose value can change offers ``subscribe(callback)`` and
     calls ``callback()`` (on the gateway's event loop) after each change: it is then read
-    once per call, and that value holds until the next, so a raised limit admits waiters
-    at once and a change it does not announce is never seen. Two more optional methods
+    again whenever any provider announces a change, and that value holds until the next,
+    so a raised limit admits waiters at once and a change no one announces is never seen
+    (a value capped by ``use_ceiling`` moves with the ceiling, whose provider announces). Two more optional methods
     are called once, when the gateway is assembled: ``use_readings(readings)`` hands a
     provider the upstreams' load readings (``gateway.Readings``), and
     ``use_ceiling(ceiling)`` a function answering the operator's limit now (the
