@@ -31,10 +31,10 @@ class CapacityProvider(Protocol):
     calls ``callback()`` (on the gateway's event loop) after each change: it is then read
     again whenever any provider announces a change, and that value holds until the next,
     so a raised limit admits waiters at once and a change no one announces is never seen
-    (a value capped by ``use_ceiling`` moves with the ceiling, whose provider announces). Two more optional methods
-    are called once, when the gateway is assembled: ``use_readings(readings)`` hands a
-    provider the upstreams' load readings (``gateway.Readings``), and
-    ``use_ceiling(ceiling)`` a function answering the operator's limit now (the
+    (a value capped by ``use_ceiling`` moves with the ceiling, whose provider announces).
+    Two more optional methods are called once, when the gateway is assembled:
+    ``use_readings(readings)`` hands a provider the upstreams' load readings
+    (``gateway.Readings``), and ``use_ceiling(ceiling)`` a function answering the operator's limit now (the
     ``static`` provider's), which a computed limit never needs to exceed. A provider that
     follows the backends' latency may define ``first_byte(seconds)``: the ASGI middleware
     calls it on the event loop, once per admitted request answered 2xx, with the time

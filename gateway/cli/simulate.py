@@ -17,7 +17,8 @@ from gateway.cli.simulate_plan import (
 )
 from gateway.simulate import profiles
 from gateway.simulate.errors import BadFlag
-from gateway.simulate.render import as_json, number, run_table, sweep_table
+from gateway.simulate.numbers import number
+from gateway.simulate.render import as_json, run_table, sweep_table
 from gateway.simulate.report import (
     add_fitness,
     check_records_path,
@@ -314,12 +315,12 @@ def _heading(plan: Plan, sweep: Sweep | None) -> list[str]:
     settings = settings_for(plan)
     routing: str = settings.routing_policy
     if routing == "weighted":
-        routing += " " + ",".join(f"{k}:{v:g}" for k, v in settings.routing_scorers.items())
+        routing += " " + ",".join(f"{k}:{number(v)}" for k, v in settings.routing_scorers.items())
     lines = [
         f"{plan.profile.model}: instances {instances}, {w.num_requests} requests at {rate} "
         f"req/s, seed {plan.seed}",
         f"tokens: input {w.input_tokens}, output {w.output_tokens}{prefix}",
-        f"routing: {routing}; readings every {plan.scrape_interval_s:g} s",
+        f"routing: {routing}; readings every {number(plan.scrape_interval_s)} s",
     ]
     if swept == "max-in-flight" or {"global_max_in_flight", "capacity_providers"} & set(
         plan.gateway
@@ -328,6 +329,6 @@ def _heading(plan: Plan, sweep: Sweep | None) -> list[str]:
         lines.append(
             f"admission: max in flight {limit} ({','.join(settings.capacity_providers)}), "
             f"policy {settings.overflow_policy}, "
-            f"max queue {settings.max_queue}, queue timeout {settings.queue_timeout_s:g} s"
+            f"max queue {settings.max_queue}, queue timeout {number(settings.queue_timeout_s)} s"
         )
     return lines

@@ -15,6 +15,7 @@ from gateway.settings import parsers
 from gateway.simulate import profiles
 from gateway.simulate.errors import BadFlag
 from gateway.simulate.instance import MAX_INSTANCES
+from gateway.simulate.numbers import number
 from gateway.simulate.profiles import Profile
 from gateway.simulate.run import FLAG_OF_SETTING, Plan
 from gateway.simulate.sweep import Sweep
@@ -222,14 +223,14 @@ def with_value(plan: Plan, flag: str, value: float) -> Plan:
     requests = plan.workload.num_requests
     if flag == "num-instances":
         span = requests / plan.workload.rate
-        swept = f"{flag}={value:g}"
+        swept = f"{flag}={number(value)}"
         _readings_bounded("--sweep", swept, int(value), span, plan.scrape_interval_s, requests)
         return replace(plan, num_instances=int(value))
     if flag == "rate":
         _arrive_within_a_day("--sweep", value, requests)
         span = requests / value
         instances = plan.num_instances
-        swept = f"{flag}={value:g}"
+        swept = f"{flag}={number(value)}"
         _readings_bounded("--sweep", swept, instances, span, plan.scrape_interval_s, requests)
         return replace(plan, workload=replace(plan.workload, rate=value))
     return replace(plan, gateway={**plan.gateway, "global_max_in_flight": int(value)})

@@ -84,7 +84,7 @@ def parse_request(endpoint: Endpoint, body: bytes) -> CompletionRequest:
     include_usage = (options or {}).get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
         raise InvalidRequest("include_usage must be a boolean", "stream_options.include_usage")
-    if options is not None and not stream:  # as vLLM: a client relying on it learns now
+    if options and not stream:  # as vLLM (an empty object passes): a client learns now
         raise InvalidRequest(
             "stream_options can only be given with stream set to true", "stream_options"
         )

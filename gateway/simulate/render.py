@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 
+from gateway.simulate.numbers import number
 from gateway.simulate.report import Report
 
 #: Why an output is shorter than asked, as the tables say it.
@@ -123,13 +124,6 @@ def sweep_table(
     if verdict is not None:
         lines += ["", verdict]
     return "\n".join(lines) + "\n"
-
-
-def number(value: float) -> str:
-    """A value as typed: whole ones without a decimal point, others with every digit
-    (``:g`` keeps six, and 1048576 and 1048577 both read ``1.04858e+06``)."""
-    value = float(value)
-    return str(int(value)) if value.is_integer() else repr(value)
 
 
 def _width(key: str) -> int:

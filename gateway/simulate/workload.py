@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.simulate.errors import BadFlag
+from gateway.simulate.numbers import number
 
 #: Characters per token of the simulated tokenizer (`gateway.sim.tokens`).
 CHARS_PER_TOKEN = 4
@@ -49,8 +50,8 @@ class Tokens:
         if self.kind == "fixed":
             return str(int(self.a))
         if self.kind == "exponential":
-            return f"exponential:{self.a:g}"
-        return f"{self.kind}:{self.a:g},{self.b:g}"
+            return f"exponential:{number(self.a)}"
+        return f"{self.kind}:{number(self.a)},{number(self.b)}"
 
 
 MAX_TOKENS = 10_000_000
