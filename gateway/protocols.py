@@ -24,30 +24,28 @@ class CapacityProvider(Protocol):
     """Says how many requests may be in flight.
 
     ``max_in_flight()`` must answer from memory, at once, without I/O: without
-    ``subscribe()`` it is called on every admission decision. A provider whose value
-    depends on the outside world (backend metrics, a control plane) refreshes it in a
-    background task started by an optional ``async start()`` and ended by
-    ``async stop()``. A provider whose value can change offers ``subscribe(callback)`` and
-    calls ``callback()`` (on the gateway's event loop) after each change: it is then read
-    again whenever any provider announces a change, and that value holds until the next,
-    so a raised limit admits waiters at once and a change no one announces is never seen
-    (a value capped by ``use_ceiling`` moves with the ceiling, whose provider announces).
-    Two more optional methods are called once, when the gateway is assembled:
-    ``use_readings(readings)`` hands a provider the upstreams' load readings
-    (``gateway.Readings``), and ``use_ceiling(ceiling)`` a function answering the operator's limit now (the
-    ``static`` provider's), which a computed limit never needs to exceed. A provider that
-    follows the backends' latency may define ``first_byte(seconds)``: the ASGI middleware
-    calls it on the event loop, once per admitted request answered 2xx, with the time
-    from the request's hand-over to the app or proxy (its queue wait left out) to its
-    first non-empty body chunk; it must return at once, without I/O, and an exception
-    from it is logged while the request goes on. In cluster mode a provider that cannot be set
-    (one without ``set_max_in_flight``: every provider but ``static``) is *computed*: it
-    runs on every pod, but only the value of the pod holding the pool's leader lease
-    counts; that pod writes it to Redis and every pod, itself included, uses it. Its value
-    must therefore depend only on what every pod can observe, never on which pod
-    computes it.
-    Several providers combine by minimum.
-    """
+    ``subscribe()`` it is called on every admission decision. A provider whose value depends
+    on the outside world (backend metrics, a control plane) refreshes it in a background
+    task started by an optional ``async start()`` and ended by ``async stop()``. A provider
+    whose value can change offers ``subscribe(callback)`` and calls ``callback()`` (on the
+    gateway's event loop) after each change: it is then read again whenever any provider
+    announces a change, and that value holds until the next, so a raised limit admits
+    waiters at once and a change no one announces is never seen (a value capped by
+    ``use_ceiling`` moves with the ceiling, whose provider announces). Two more optional
+    methods are called once, when the gateway is assembled: ``use_readings(readings)`` hands
+    a provider the upstreams' load readings (``gateway.Readings``), and
+    ``use_ceiling(ceiling)`` a function answering the operator's limit now (the ``static``
+    provider's), which a computed limit never needs to exceed. A provider that follows the
+    backends' latency may define ``first_byte(seconds)``: the ASGI middleware calls it on
+    the event loop, once per admitted request answered 2xx, with the time from the request's
+    hand-over to the app or proxy (its queue wait left out) to its first non-empty body
+    chunk; it must return at once, without I/O, and an exception from it is logged while the
+    request goes on. In cluster mode a provider that cannot be set (one without
+    ``set_max_in_flight``: every provider but ``static``) is *computed*: it runs on every
+    pod, but only the value of the pod holding the pool's leader lease counts; that pod
+    writes it to Redis and every pod, itself included, uses it. Its value must therefore
+    depend only on what every pod can observe, never on which pod computes it. Several
+    providers combine by minimum."""
 
     def max_in_flight(self) -> int: ...
 
