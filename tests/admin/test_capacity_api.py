@@ -27,6 +27,21 @@ pytestmark = pytest.mark.anyio
 
 
 @asynccontextmanager
+async def dialled(dial: Dial, limit: int) -> AsyncIterator[Gateway]:
+    """A started gateway with the admin API on, whose providers are ``static`` (``limit``)
+    and the computed ``dial``; stopped afterwards."""
+    settings = Settings(
+        global_max_in_flight=limit, admin_token=TOKEN, capacity_providers=("static", "dial")
+    )
+    gateway = Gateway(settings, plugins=[DialPlugin(dial)], entry_points=False)
+    await gateway.start()
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+@asynccontextmanager
 async def started(**settings: Any) -> AsyncIterator[Gateway]:
     gateway = Gateway(Settings(**settings), entry_points=False)
     await gateway.start()
@@ -84,24 +99,13 @@ async def test_a_put_answers_the_limit_in_force_and_the_ceiling_it_set(
     force stays that provider's value: the answer says both, GET right after agrees with
     its ``max_in_flight``, and the log names the old and new ceiling and the limit."""
     caplog.set_level(logging.WARNING, "obleth.admin")
-    settings = Settings(
-        global_max_in_flight=10, admin_token=TOKEN, capacity_providers=("static", "dial")
-    )
-    gateway = Gateway(settings, plugins=[DialPlugin(Dial(20))], entry_points=False)
-    await gateway.start()
-    try:
-        async with admin(gateway) as client:
-            raised = await client.put(CAPACITY, headers=BEARER, json={"max_in_flight": 300})
-            assert (raised.status_code, raised.json()) == (
-                200,
-                {"max_in_flight": 20, "ceiling": 300},
-            )
-            assert (await client.get(CAPACITY, headers=BEARER)).json() == {"max_in_flight": 20}
-            cut = await client.put(CAPACITY, headers=BEARER, json={"max_in_flight": 5})
-            assert cut.json() == {"max_in_flight": 5, "ceiling": 5}
-            assert (await client.get(CAPACITY, headers=BEARER)).json() == {"max_in_flight": 5}
-    finally:
-        await gateway.stop()
+    async with dialled(Dial(20), 10) as gateway, admin(gateway) as client:
+        raised = await client.put(CAPACITY, headers=BEARER, json={"max_in_flight": 300})
+        assert (raised.status_code, raised.json()) == (200, {"max_in_flight": 20, "ceiling": 300})
+        assert (await client.get(CAPACITY, headers=BEARER)).json() == {"max_in_flight": 20}
+        cut = await client.put(CAPACITY, headers=BEARER, json={"max_in_flight": 5})
+        assert cut.json() == {"max_in_flight": 5, "ceiling": 5}
+        assert (await client.get(CAPACITY, headers=BEARER)).json() == {"max_in_flight": 5}
     assert "ceiling 10 -> 300 (limit in force 20), by 127.0.0.1:" in caplog.text
     assert "ceiling 300 -> 5 (limit in force 5)" in caplog.text
 
@@ -119,19 +123,11 @@ async def test_a_raised_ceiling_raises_a_limit_a_computed_provider_follows() -> 
     """In process, a computed provider capped by the ceiling moves with it, and only the
     ceiling's provider announces the move: lowered to 4 and raised to 500, the limit in
     force stayed 4 while the status showed both providers at 500."""
-    settings = Settings(
-        global_max_in_flight=64, admin_token=TOKEN, capacity_providers=("static", "dial")
-    )
-    gateway = Gateway(settings, plugins=[DialPlugin(Follower(1000))], entry_points=False)
-    await gateway.start()
-    try:
-        async with admin(gateway) as client:
-            for ceiling in (4, 500):
-                put = await client.put(CAPACITY, headers=BEARER, json={"max_in_flight": ceiling})
-                assert put.json() == {"max_in_flight": ceiling, "ceiling": ceiling}
-            status = (await client.get("/api/v1/status", headers=BEARER)).json()
-    finally:
-        await gateway.stop()
+    async with dialled(Follower(1000), 64) as gateway, admin(gateway) as client:
+        for ceiling in (4, 500):
+            put = await client.put(CAPACITY, headers=BEARER, json={"max_in_flight": ceiling})
+            assert put.json() == {"max_in_flight": ceiling, "ceiling": ceiling}
+        status = (await client.get("/api/v1/status", headers=BEARER)).json()
     assert status["capacity"]["max_in_flight"] == 500
     assert status["capacity"]["providers"] == {"static": 500, "dial": 500}
 
