@@ -133,7 +133,7 @@ def test_a_flag_standing_for_a_setting_shows_its_variable_and_the_settings_defau
         (["demo", "--duration", "0"], "--duration"),
         (["demo", "--limit", "0"], "--limit"),
         # a million clients in one process: it used to try
-        (["demo", "--limit", "200000"], "--limit: expected a whole number from 1 to 1000"),
+        (["demo", "--limit", "200000"], "--limit: expected a whole number from 1 to 128"),
         (["demo", "--policy", "nope"], "--policy nope"),
     ],
 )
