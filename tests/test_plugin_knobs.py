@@ -67,3 +67,13 @@ def test_done_accepts_every_variable_read_and_those_of_other_namespaces() -> Non
     env = PluginKnobs(environ, "OBLETH_KV_")
     assert env.whole("SIZE", 8, least=1) == 8
     env.done()
+
+
+def test_kubernetes_service_links_under_the_prefix_are_not_the_plugins_typos() -> None:
+    """A Service named ``obleth-kv-pressure-exporter`` gives every pod
+    ``OBLETH_KV_PRESSURE_EXPORTER_SERVICE_HOST`` and its kin: Obleth's own settings
+    leave them alone, and so must a plugin's check of its namespace."""
+    env = knobs(EXPORTER_SERVICE_HOST="10.96.0.12", EXPORTER_PORT_9100_TCP_ADDR="10.96.0.12")
+    env.done()
+    with pytest.raises(ConfigError, match="no such setting"):
+        knobs(EXPORTER_PORT="9100").done()  # alone, with no Service: a typo

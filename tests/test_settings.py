@@ -208,6 +208,8 @@ def test_kubernetes_service_links_for_a_service_named_obleth_are_left_alone() ->
         "OBLETH_MAX_QUEUE": "7",
     }
     assert Settings.from_env(links).max_queue == 7
+    with pytest.raises(ConfigError, match="no such setting"):  # no Service: a typo
+        Settings.from_env({"OBLETH_PORT": "9000"})
     with pytest.raises(ConfigError, match="did you mean OBLETH_REDIS_URL"):
         Settings.from_env({**links, "OBLETH_REDIS_URI": "redis://h:6379/0"})
 

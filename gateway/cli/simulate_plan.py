@@ -272,7 +272,7 @@ def _readings_bounded(
         fix = "set a --scrape-interval, or run fewer instances or requests"
     else:
         readings = instances * span_s / interval_s
-        how = f"read every {interval_s:g} s over {span_s:.3g} s of arrivals"
+        how = f"read every {number(interval_s)} s over {span_s:.3g} s of arrivals"
         fix = "raise --scrape-interval or --rate, or run fewer instances"
     if readings > MAX_READINGS:
         raise BadFlag(

@@ -20,10 +20,18 @@ ENV_PREFIX = "OBLETH_"
 #: links"): a Service named ``obleth`` or ``obleth-redis`` gives ``OBLETH_SERVICE_HOST``,
 #: ``OBLETH_PORT_8000_TCP_ADDR``, ``OBLETH_REDIS_PORT`` and the like, which no one wrote
 #: and which must not stop the gateway as misspelt settings would
-SERVICE_LINK = re.compile(
-    r"OBLETH(?:_[A-Z0-9_]+?)?_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+_SERVICE_LINK = re.compile(
+    r"(OBLETH(?:_[A-Z0-9_]+?)??)_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
     r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)"
 )
+
+
+def service_link(key: str, environ: Mapping[str, str]) -> bool:
+    """Whether ``key`` is one of those variables: shaped like one, and its Service's
+    ``<SERVICE>_SERVICE_HOST`` is set too, as Kubernetes always sets it (so that a typo
+    such as ``OBLETH_PORT=9000``, written alone, is still refused)."""
+    found = _SERVICE_LINK.fullmatch(key)
+    return found is not None and f"{found[1]}_SERVICE_HOST" in environ
 
 
 def read_environ(environ: Mapping[str, str], specs: Mapping[str, Spec]) -> dict[str, Any]:
@@ -43,7 +51,7 @@ def read_environ(environ: Mapping[str, str], specs: Mapping[str, Spec]) -> dict[
             continue
         spec = specs.get(key[len(ENV_PREFIX) :].lower())
         if spec is None:
-            if SERVICE_LINK.fullmatch(key):
+            if service_link(key, environ):
                 continue  # Kubernetes' own, for a Service named obleth...
             if owned is None:
                 owned = plugin_prefixes()

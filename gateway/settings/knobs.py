@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import overload
 
 from gateway.errors import ConfigError
-from gateway.settings.environ import ENV_PREFIX, plugin_prefixes, unknown_setting
+from gateway.settings.environ import ENV_PREFIX, plugin_prefixes, service_link, unknown_setting
 
 
 class PluginKnobs:
@@ -98,6 +98,7 @@ class PluginKnobs:
         core = {ENV_PREFIX + name.upper() for name in setting_names()}
         for key, value in self._environ.items():
             ours = key.startswith(prefix) and not key.startswith(others) and key not in core
+            ours = ours and not service_link(key, self._environ)  # Kubernetes', not a typo
             if ours and key[len(prefix) :] not in self._asked:
                 raise unknown_setting(key, value, known)
 
