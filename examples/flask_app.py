@@ -1,7 +1,7 @@
 """A Flask app with an OpenAI-style chat endpoint, behind ``WSGIGatewayMiddleware``.
 
-Run it from the repository's root (``pip install -e . flask gunicorn`` first), under gunicorn's threaded
-workers:
+Run it from the repository's root (``pip install -e . flask gunicorn`` first), under
+gunicorn's threaded workers:
 
     OBLETH_GLOBAL_MAX_IN_FLIGHT=2 OBLETH_OVERFLOW_POLICY=reject \\
     gunicorn --worker-class gthread --threads 8 examples.flask_app:app
