@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     sweep = parse_sweep(args.sweep) if args.sweep is not None else None
     if sweep is not None:
         refuse_swept_flag(args, sweep)
-    refuse_flags_without_effect(args, sweep)
+    refuse_flags_without_effect(args, plan, sweep)
     plans = [plan] if sweep is None else [with_value(plan, sweep.flag, v) for v in sweep.values]
     # checked first: a path that cannot be written stops the command before it runs
     if args.results_path is not None:

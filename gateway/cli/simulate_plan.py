@@ -178,14 +178,16 @@ def refuse_swept_flag(args: argparse.Namespace, sweep: Sweep) -> None:
         )
 
 
-def refuse_flags_without_effect(args: argparse.Namespace, sweep: Sweep | None) -> None:
+def refuse_flags_without_effect(args: argparse.Namespace, plan: Plan, sweep: Sweep | None) -> None:
     """`BadFlag` for a flag the run would ignore: the queue's flags with nothing that can
-    make a request wait (no limit, given or swept, and no tenant cap), shared-prefix
-    groups with no shared prefix. A computed capacity provider needs no limit: it may
-    set one of its own (``adaptive`` probes at a few seats)."""
+    make a request wait (no limit, given or swept, no tenant cap, and no provider but
+    ``static``, whose limit is ``--max-in-flight``), shared-prefix groups with no shared
+    prefix. Any other capacity provider needs no limit: it may set one of its own
+    (``adaptive`` probes at a few seats, ``kv-pressure`` may start from its own)."""
     swept = sweep is not None and sweep.flag == "max-in-flight"
     limited = args.max_in_flight is not None or swept
-    if not limited and args.tenant_max_in_flight is None and args.capacity_providers is None:
+    computed = set(plan.gateway.get("capacity_providers", ())) - {"static"}
+    if not limited and args.tenant_max_in_flight is None and not computed:
         for flag, value in (
             ("--policy", args.policy),
             ("--max-queue", args.max_queue),
@@ -196,8 +198,8 @@ def refuse_flags_without_effect(args: argparse.Namespace, sweep: Sweep | None) -
                     flag,
                     value,
                     "decides what happens when no seat is free, and without --max-in-flight "
-                    "(or a sweep of it) or --tenant-max-in-flight there always is one; give "
-                    "a limit too",
+                    "(or a sweep of it), --tenant-max-in-flight or a capacity provider "
+                    "other than static there always is one; give a limit too",
                     told=True,
                 )
     if args.prefix_groups is not None and not args.prefix_tokens:

@@ -16,13 +16,19 @@ from tests.simulate.test_cli import simulate_in_process
         (["--max-queue=4"], "--max-queue 4", "give a limit too"),
         (["--queue-timeout=2"], "--queue-timeout 2.0", "give a limit too"),
         (["--prefix-groups=5"], "--prefix-groups 5", "give --prefix-tokens too"),
+        (
+            ["--capacity-providers=static", "--policy=reject"],
+            "--policy 'reject'",
+            "give a limit too",
+        ),
     ],
 )
 def test_a_flag_with_nothing_to_act_on_exits_2_naming_it(
     flags: list[str], named: str, says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Without a limit every request is admitted at once, so the queue's flags had no
-    effect at all; groups of a shared prefix with no shared prefix neither."""
+    """Without a limit every request is admitted at once (``static`` alone has none
+    without --max-in-flight), so the queue's flags had no effect at all; groups of a
+    shared prefix with no shared prefix neither."""
     assert main(["simulate", "--num-requests=5", *flags]) == 2
     out, err = capsys.readouterr()
     assert out == ""
@@ -37,6 +43,7 @@ def test_a_flag_with_nothing_to_act_on_exits_2_naming_it(
         ["--queue-timeout=2", "--tenant-max-in-flight=default:1"],
         ["--capacity-providers=static", "--max-in-flight=2"],
         ["--capacity-providers=static,adaptive", "--policy=reject"],
+        ["--capacity-providers=kv-pressure", "--queue-timeout=2"],
         ["--prefix-groups=2", "--prefix-tokens=64"],
     ],
 )
