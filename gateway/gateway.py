@@ -307,7 +307,8 @@ class Gateway:
         at once. ``RuntimeError`` when no provider, or more than one, can be set;
         ``ValueError`` when that provider refuses ``limit`` (``static`` refuses one below
         0, or no whole number), saying why; ``PluginError``, naming the provider's plugin,
-        when its ``set_max_in_flight`` raises anything else.
+        when its ``set_max_in_flight`` raises anything else, a subclass of ``ValueError``
+        included (a ``JSONDecodeError`` is a bug in the plugin, not a refusal).
 
         In cluster mode the new value becomes the ceiling of the whole pool: the pool's
         limit is the lowest of it and the computed providers' values, which every pod
@@ -328,11 +329,11 @@ class Gateway:
         ((name, setter),) = setters.items()
         try:
             setter(limit)
-        except ValueError:
-            raise  # the value is refused: the caller's to hear
         except PASSED_ON:
             raise
         except BaseException as exc:
+            if type(exc) is ValueError:  # the value is refused: the caller's to hear
+                raise
             plugin = self.plugins.plugin_of("capacity provider", name)
             raise PluginError(
                 plugin,

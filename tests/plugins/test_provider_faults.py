@@ -5,6 +5,7 @@ without a word nor answers a bare 500."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -180,13 +181,19 @@ def test_in_cluster_mode_a_failing_computed_provider_is_logged_with_its_plugin(
     )
 
 
-@pytest.mark.parametrize("error", ERRORS, ids=IDS)
+@pytest.mark.parametrize(
+    "error",
+    [*ERRORS, json.JSONDecodeError("Expecting value", "", 0)],
+    ids=[*IDS, "ValueError-subclass"],
+)
 async def test_a_settable_provider_that_fails_answers_the_put_500_naming_it(
     error: BaseException, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A plugin's provider that takes the operator's limit and raises used to answer a
     plain-text 500 with a traceback in the server's log; the answer is now a JSON error
-    naming the provider and its plugin, and the server goes on."""
+    naming the provider and its plugin, and the server goes on. A subclass of
+    ``ValueError`` is a bug like any other, not a refusal of the value (it was answered
+    422 and not logged)."""
 
     class Settable(Provider):
         def set_max_in_flight(self, value: int) -> None:
