@@ -127,24 +127,42 @@ class LoopThread:
                 exc_info=exc,
             )
         finally:
-            # requests still on the loop end now: their worker threads are answered (a few
-            # rounds: ending one may start another, a hand-over queued meanwhile)
-            for _ in range(3):
-                # hand-overs queued from other threads meanwhile become tasks first
-                loop.run_until_complete(asyncio.sleep(0))
-                pending = asyncio.all_tasks(loop)
-                if not pending:
-                    break
-                stopping = (cancel_and_wait(task) for task in pending)
-                loop.run_until_complete(asyncio.gather(*stopping, return_exceptions=True))
-            loop.close()
-            if self._died is not None:
+            try:
+                _end_tasks(loop)
+            except BaseException as exc:  # a task that exits even as it is cancelled
+                self._died = self._died or exc
+                log.critical(
+                    "the gateway's event loop in process %d stopped on %r while ending its "
+                    "requests",
+                    os.getpid(),
+                    exc,
+                    exc_info=exc,
+                )
+            finally:
+                loop.close()
+                # a request whose task did not end (its loop died under it, or under the
+                # cleanup) hears why, rather than waiting for good
                 for future in list(self._running):
                     with contextlib.suppress(concurrent.futures.InvalidStateError):
                         future.set_exception(_dead(self._died))
 
 
-def _dead(cause: BaseException) -> RuntimeError:
+def _end_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Ends the requests still on ``loop``, so that their worker threads are answered: a
+    few rounds, as ending one may start another, or a hand-over queued meanwhile."""
+    for _ in range(3):
+        # hand-overs queued from other threads meanwhile become tasks first
+        loop.run_until_complete(asyncio.sleep(0))
+        pending = asyncio.all_tasks(loop)
+        if not pending:
+            return
+        stopping = (cancel_and_wait(task) for task in pending)
+        loop.run_until_complete(asyncio.gather(*stopping, return_exceptions=True))
+
+
+def _dead(cause: BaseException | None) -> RuntimeError:
+    if cause is None:
+        return RuntimeError("the gateway stopped (close()) before this request ended")
     return RuntimeError(
         f"the gateway's event loop in this process stopped on {cause!r} (the log has its "
         "traceback, naming the code it came from); restart the process"

@@ -49,6 +49,40 @@ def test_a_loop_that_dies_fails_its_requests_and_the_later_ones_at_once(
     assert record.exc_info is not None
 
 
+def test_a_task_that_exits_as_it_is_ended_does_not_keep_its_request_waiting(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Ending the requests still on a dead loop cancels their tasks; one that runs
+    ``sys.exit()`` as it is cancelled used to escape that cleanup, leaving its request
+    waiting for good and the loop unclosed. Both are ended now, and the log says so."""
+    thread = LoopThread("test-loop")
+    started = threading.Event()
+
+    async def stubborn() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            raise SystemExit(5) from None
+
+    async def exiting() -> None:
+        raise SystemExit(4)
+
+    pending = thread.submit(stubborn())
+    assert started.wait(5)
+    loop = thread.loop()
+    with caplog.at_level(logging.CRITICAL, logger="obleth"):
+        escaped = thread.submit(exiting())
+        done, _ = concurrent.futures.wait([escaped, pending], 5)
+    assert done == {escaped, pending}
+    assert isinstance(pending.exception(), RuntimeError)
+    assert loop.is_closed()
+    with pytest.raises(RuntimeError, match=r"stopped on SystemExit\(4\)"):
+        thread.loop()
+    assert [r.exc_info is not None for r in caplog.records] == [True, True]
+    assert "while ending its requests" in caplog.records[1].getMessage()
+
+
 def test_a_request_handed_over_as_the_loop_dies_is_answered_503() -> None:
     """A worker thread whose request was still queued for the loop when it died waited
     on its verdict for good; it is answered now: served by the loop's last round, or told
