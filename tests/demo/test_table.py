@@ -98,5 +98,7 @@ def test_answers_that_were_neither_done_nor_refused_are_counted_in_the_summary()
 
 
 def test_a_tenant_name_the_gateway_would_refuse_stops_the_demo_naming_it() -> None:
+    """The gateway refuses a tenant name over 256 characters with a 400; the demo used
+    to send it anyway, and that tenant's every request failed."""
     with pytest.raises(ConfigError, match="names are at most 256 characters"):
         parse_tenants("a" * 300 + ":1,b:1", limit=4, flood=None)

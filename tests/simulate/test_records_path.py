@@ -30,6 +30,8 @@ def test_a_named_pipe_gets_every_record(tmp_path: Path) -> None:
 
 
 def test_a_folder_is_refused_before_the_run(tmp_path: Path) -> None:
+    """A folder cannot take the records: refused with status 2 naming the flag, before a
+    run whose results would be lost."""
     done = obleth_simulate("--num-requests=5", f"--results-path={tmp_path}")
     assert done.returncode == 2
     assert "--results-path" in done.stderr and "a writable file" in done.stderr
