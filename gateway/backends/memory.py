@@ -200,6 +200,8 @@ class LocalSeats(FairQueue):
         self.inflight = inflight
         held = self._tenant_inflight
         held[tenant] = held.get(tenant, 0) + seats
+        self._turn += 1
+        self._turns[tenant] = self._turn
         self.taken += 1
         return True
 

@@ -2,9 +2,13 @@
 
 Dispatch is weighted max-min fairness in seats held: among the tenants waiting in the most
 urgent non-empty class, the next seat goes to the one with the smallest
-``(seats in flight + head's seats) / weight``, ties to the oldest head. No banked credit
-(an idle tenant cannot burst past its share later), no estimate of request duration,
-FIFO within a tenant, and no skipping past the chosen head when it does not fit.
+``(seats in flight + head's seats) / weight``, ties to the tenant whose turn is oldest: its
+last grant, or its arrival when it has had none since it was last idle. Ties are common
+(with more tenants than seats, most hold none), and going by the oldest head instead gave
+a tenant whose requests arrived early seat after seat while tenants whose heads kept
+timing out and arriving anew got almost none. No banked credit (an idle tenant cannot
+burst past its share later), no estimate of request duration, FIFO within a tenant, and
+no skipping past the chosen head when it does not fit.
 
 Each class keeps a heap of its waiting tenants by that dispatch key and, once a policy
 has asked for an eviction victim, a second one by load (``(seats in flight + queued) /
@@ -120,6 +124,10 @@ class FairQueue:
         #: by load, for eviction; None until the first eviction asks (most policies never do)
         self._heavy: list[TenantHeap] | None = None
         self._next_order = 0
+        #: each active tenant's turn for ties: the order of its last grant, or of its first
+        #: request since it was idle; dropped when it holds and waits for nothing
+        self._turns: dict[str, int] = {}
+        self._turn = 0
 
     # -- what policies and snapshots may read -------------------------------------------
 
@@ -186,6 +194,8 @@ class FairQueue:
         self.inflight += seats
         held = self._tenant_inflight
         held[tenant] = held.get(tenant, 0) + seats
+        self._turn += 1
+        self._turns[tenant] = self._turn
         if self.queued:  # with nobody waiting there are no keys to update
             self._rekey(tenant)
 
@@ -199,6 +209,8 @@ class FairQueue:
             held[tenant] = left
         else:
             del held[tenant]
+            if tenant not in self._tenant_queued:
+                del self._turns[tenant]
         if self.queued:
             self._rekey(tenant)
 
@@ -263,6 +275,8 @@ class FairQueue:
             self.inflight += head.ticket.seats
             held = self._tenant_inflight
             held[tenant] = held.get(tenant, 0) + head.ticket.seats
+            self._turn += 1
+            self._turns[tenant] = self._turn
             self._rekey(tenant)
             if self.lobby:
                 self._fill_from_lobby()
@@ -299,7 +313,11 @@ class FairQueue:
     def _new_waiter(self, ticket: Ticket, since: float, handle: object) -> Waiter:
         waiter = Waiter(ticket, self._next_order, since, handle)
         self._next_order += 1
-        self._tenant_queued[ticket.tenant] = self._tenant_queued.get(ticket.tenant, 0) + 1
+        tenant = ticket.tenant
+        self._tenant_queued[tenant] = self._tenant_queued.get(tenant, 0) + 1
+        if tenant not in self._turns:  # its first request since it was idle
+            self._turn += 1
+            self._turns[tenant] = self._turn
         return waiter
 
     def _file(self, waiter: Waiter) -> None:
@@ -339,6 +357,8 @@ class FairQueue:
             self._tenant_queued[tenant] = left
         else:
             del self._tenant_queued[tenant]
+            if tenant not in self._tenant_inflight:
+                del self._turns[tenant]
 
     def _drop_dead_heads(self, rank: int, tenant: str) -> None:
         queue = self._queues[rank][tenant]
@@ -357,11 +377,13 @@ class FairQueue:
         weight = self._weights.get(tenant, self._default_weight)
         heavy = self._heavy
         load = (inflight + self._tenant_queued.get(tenant, 0)) / weight
+        turn = self._turns.get(tenant, 0)
         for rank in _RANKS:
             queue = self._queues[rank].get(tenant)
             if queue is None:
                 continue
             head = queue[0]
-            self._ready[rank].set(tenant, ((inflight + head.ticket.seats) / weight, head.order))
+            key = ((inflight + head.ticket.seats) / weight, turn, head.order)
+            self._ready[rank].set(tenant, key)
             if heavy is not None:
                 heavy[rank].set(tenant, (-load, -len(queue)))

@@ -229,6 +229,25 @@ async def test_weighted_tenants_share_seats_by_weight(make: Make) -> None:
     await assert_drained(gateway)
 
 
+async def test_tenants_holding_alike_take_turns_whoever_queued_first(make: Make) -> None:
+    """With more tenants than seats most hold none, so the fair share ties: a seat goes
+    to the tenant served least recently. It went to the oldest head, so a tenant that
+    queued many requests early took every seat before the next one had any (a, a, a, b,
+    b, b), and with queue timeouts some tenants got next to nothing."""
+    gateway = await make(global_max_in_flight=1)
+    holder = await gateway.scheduler.acquire(Ticket("x"))
+    queued = await waiting(gateway, *[Ticket("a")] * 3, *[Ticket("b")] * 3)
+    holder.release()
+    served = []
+    for _ in queued:
+        await settle(gateway)
+        [running] = [t for t in queued if t.done() and t not in served]
+        served.append(running)
+        running.result().release()
+    assert [t.result().ticket.tenant for t in served] == ["a", "b", "a", "b", "a", "b"]
+    await assert_drained(gateway)
+
+
 async def test_critical_is_served_before_standard_and_background_never_waits(
     make: Make,
 ) -> None:

@@ -40,6 +40,7 @@ KEY_NAMES = (
     "lobby",
     "computed",
     "leader",
+    "turns",
 )
 
 _LONG_TENANT = 96

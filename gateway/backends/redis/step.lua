@@ -7,7 +7,7 @@
 -- (TIME), never a pod's.
 --
 -- KEYS, in order: state leases lmeta tin tq wq wmeta wdl ready:0 ready:1 rmem pods
---   weights caps await asserted members unready lobby computed leader
+--   weights caps await asserted members unready lobby computed leader turns
 --
 -- ARGV, written only by gateway/backends/redis/wire.py (`encode`):
 --    1 pod id                  2 lease TTL (ms)             3 roll-call fallback (ms)
@@ -57,6 +57,7 @@ local RMEM, PODS, WEIGHTS, CAPS = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local AWAIT, ASSERTED, MEMBERS, UNREADY = KEYS[15], KEYS[16], KEYS[17], KEYS[18]
 local LOBBY = KEYS[19] -- waiter id -> arrival: waiting for room in the full queue
 local COMPUTED, LEADER = KEYS[20], KEYS[21] -- provider -> "value|pod|ms"; the lease holder
+local TURNS = KEYS[22] -- tenant -> its turn for ties in the ready sets (see rekey)
 local WAITING_RANKS = 1 -- ranks 0 (critical) and 1 (standard) wait; 2 (background) never
 -- a pod that knows no other pod cannot bring a roster: a roll call it opens stays open
 -- this long, so that pods still reconnecting after a Redis restart are heard
@@ -154,7 +155,7 @@ if not epoch then
   -- Redis lost the pool (restart without persistence, FLUSHALL, failover, eviction), or
   -- this is its first call ever: start a new epoch and drop whatever fragments survived
   redis.call('DEL', LEASES, LMETA, TIN, TQ, WQ, WMETA, WDL, READY[0], READY[1], RMEM,
-    WEIGHTS, CAPS, PODS, AWAIT, ASSERTED, MEMBERS, UNREADY, LOBBY, COMPUTED)
+    WEIGHTS, CAPS, PODS, AWAIT, ASSERTED, MEMBERS, UNREADY, LOBBY, COMPUTED, TURNS)
   epoch = new_id()
   redis.call('HSET', S, 'limit', init_ceiling, 'inflight', 0, 'epoch', epoch, 'learn_until', 0,
     'grace_until', 0, 'dweight', 1, 'dcap', -1, 'capped', 0, 'seq', 0, 'arr', 0, 'mver', 0,
@@ -392,12 +393,39 @@ local function head(rank, tenant)
   return parts[4], parts[3]
 end
 
--- re-file a tenant in the ready sets after its seats or its queue changed: the score is
--- (seats in flight + head's seats) / weight, the member starts with the head's arrival,
--- so equal scores order oldest head first
+-- a tenant's turn for ties: the order of its last grant, or of its first request since it
+-- was idle (holding and waiting for nothing, it has none). With more tenants than seats
+-- most hold none and tie; going by the oldest head instead gave a tenant whose requests
+-- arrived early seat after seat, while tenants whose heads kept timing out got none
+local function next_turn()
+  return string.format('%015d', redis.call('HINCRBY', S, 'turn', 1))
+end
+
+local function take_turn(tenant)
+  redis.call('HSET', TURNS, tenant, next_turn())
+end
+
+local function forget_if_idle(tenant)
+  if tenant_inflight(tenant) == 0 and tenant_queued(tenant) == 0 then
+    redis.call('HDEL', TURNS, tenant)
+  end
+end
+
+-- the tenant of an entry of the ready sets, "<turn><arrival>|tenant": what follows the
+-- first '|', as in the entries "<arrival>|tenant" of pods from before turns, which may
+-- share the pool for a rolling upgrade
+local function entry_tenant(entry)
+  return string.sub(entry, string.find(entry, '|', 1, true) + 1)
+end
+
+-- re-file a tenant in the ready sets after its seats, its queue or its turn changed: the
+-- score is (seats in flight + head's seats) / weight, the member starts with the
+-- tenant's turn, then the head's arrival (both 15 digits), so equal scores order the
+-- oldest turn first
 local function rekey(tenant)
   local held = tenant_inflight(tenant)
   local w = weight(tenant)
+  local turn = redis.call('HGET', TURNS, tenant) or string.rep('0', 15)
   for rank = 0, WAITING_RANKS do
     local field = rank .. '|' .. tenant
     local old = redis.call('HGET', RMEM, field)
@@ -405,7 +433,7 @@ local function rekey(tenant)
     local id, arrival = head(rank, tenant)
     if id then
       local meta = split(redis.call('HGET', WMETA, id))
-      local entry = arrival .. '|' .. tenant
+      local entry = turn .. arrival .. '|' .. tenant
       redis.call('ZADD', READY[rank], (held + tonumber(meta[4])) / w, entry)
       redis.call('HSET', RMEM, field, entry)
     elseif old then
@@ -416,7 +444,10 @@ end
 
 local function add_tenant_inflight(tenant, delta)
   local left = redis.call('HINCRBY', TIN, tenant, delta)
-  if left <= 0 then redis.call('HDEL', TIN, tenant) end
+  if left <= 0 then
+    redis.call('HDEL', TIN, tenant)
+    forget_if_idle(tenant)
+  end
   if nwait > 0 and tenant_queued(tenant) > 0 then rekey(tenant) end
 end
 
@@ -475,6 +506,7 @@ local function record(id, tenant, rank, seats, deadline)
   redis.call('HSET', WMETA, id, rank .. '|' .. tenant .. '|' .. arrival .. '|' .. seats .. '|' .. pod)
   redis.call('ZADD', WDL, deadline, id)
   redis.call('HINCRBY', TQ, tenant, 1)
+  if redis.call('HEXISTS', TURNS, tenant) == 0 then take_turn(tenant) end
   return arrival
 end
 
@@ -519,7 +551,10 @@ local function unqueue(id)
   local parts = split(meta)
   redis.call('HDEL', WMETA, id)
   redis.call('ZREM', WDL, id)
-  if redis.call('HINCRBY', TQ, parts[2], -1) <= 0 then redis.call('HDEL', TQ, parts[2]) end
+  if redis.call('HINCRBY', TQ, parts[2], -1) <= 0 then
+    redis.call('HDEL', TQ, parts[2])
+    forget_if_idle(parts[2])
+  end
   if nlobby > 0 and redis.call('ZREM', LOBBY, id) == 1 then
     nlobby = nlobby - 1
   else
@@ -550,7 +585,7 @@ local function eviction_victim(rank)
   for r = rank, WAITING_RANKS do
     local entries = redis.call('ZRANGE', READY[r], 0, -1)
     for _, entry in ipairs(entries) do
-      local tenant = string.sub(entry, string.find(entry, '|', 1, true) + 1)
+      local tenant = entry_tenant(entry)
       local queued = tenant_queued(tenant)
       local load = (tenant_inflight(tenant) + queued) / weight(tenant)
       if best_load == nil or load > best_load or (load == best_load and queued > best_queued) then
@@ -583,7 +618,7 @@ local function dispatch()
     end
     if rank == nil then return end
     local entry = redis.call('ZRANGE', READY[rank], 0, 0)[1]
-    local tenant = string.sub(entry, string.find(entry, '|', 1, true) + 1)
+    local tenant = entry_tenant(entry)
     local id = head(rank, tenant)
     local meta = split(redis.call('HGET', WMETA, id))
     local seats, of_pod = tonumber(meta[4]), meta[5]
@@ -592,6 +627,7 @@ local function dispatch()
     else
       if inflight + seats > limit or not eligible(of_pod) then return end
       unqueue(id)
+      take_turn(tenant)
       local expiry = add_lease(id, tenant, seats, of_pod)
       notify(of_pod, 'g:' .. id .. ':' .. expiry)
     end
@@ -852,6 +888,7 @@ for at = 1, #acquires, 6 do
       answer = 'tenant_limit'
     elseif not learning() and caller_eligible and inflight + seats <= limit
         and not waiting_at_or_above(rank) then
+      take_turn(tenant)
       add_lease(id, tenant, seats, pod)
       answer = 'g'
     elseif rank > WAITING_RANKS then
