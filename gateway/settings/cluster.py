@@ -79,11 +79,23 @@ def check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
     scheme = value.split("://", 1)[0].lower()
     if scheme not in _REDIS_SCHEMES:
         raise settings.error(
-            name, value, f"unknown scheme {scheme!r}; expected one of {', '.join(_REDIS_SCHEMES)}"
+            name,
+            shown_url(value),
+            f"unknown scheme {scheme!r}; expected one of {', '.join(_REDIS_SCHEMES)}",
+        )
+    netloc, _ = split_hosts(value.strip())
+    if "@" not in netloc and "@" in value.split("://", 1)[1]:
+        # a password with a raw "/", "?" or "#" ends the host part early: the URL would
+        # name a host "app" on port "pa", and a message show the password whole
+        raise settings.error(
+            name,
+            shown_url(value.strip()),
+            "a '/', '?' or '#' comes before the '@', and it ends the host part: the "
+            "password would be read as a host and port; percent-encode them in a password "
+            "(/ as %2F, ? as %3F, # as %23), and an '@' in a query as %40",
         )
     if scheme.endswith(("+sentinel", "+cluster")):
         # parsed where the client is built (connect.py), several hosts and all
-        netloc, _ = split_hosts(value.strip())
         if not any(part.strip() for part in netloc.rsplit("@", 1)[-1].split(",")):
             raise settings.error(
                 name,
@@ -131,14 +143,18 @@ def _with_options(settings: Settings, name: str, value: str, shown: str) -> str:
 
 def shown_url(url: str) -> str:
     """``url`` for a message or a log line, as written but for a password, replaced by
-    ``***``; whether or not the rest of it parses (a list of hosts included)."""
+    ``***``; whether or not the rest of it parses (a list of hosts included). A password
+    holding a raw ``/``, ``?`` or ``#`` ends the host part early: everything up to the
+    last ``@`` is then taken for the credentials, so that none of it is shown."""
+    scheme, _, rest = url.partition("://")
     netloc, _ = split_hosts(url)
-    userinfo, at, hosts = netloc.rpartition("@")
+    userinfo, at, _ = netloc.rpartition("@")
+    if not at:
+        userinfo, at, _ = rest.rpartition("@")
     user, colon, _ = userinfo.partition(":")
     if not (at and colon):
         return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://{user}:***@{hosts}{rest[len(netloc) :]}"
+    return f"{scheme}://{user}:***@{rest[len(userinfo) + 1 :]}"
 
 
 def split_hosts(url: str) -> tuple[str, urllib.parse.SplitResult]:

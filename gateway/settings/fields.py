@@ -32,7 +32,8 @@ class Settings(AdmissionSettings):
         None,
         doc="Cluster mode: every pod with the same Redis and `pool` shares one budget, one "
         "limit and one fair queue. `redis://`, `rediss://`, `unix://`, "
-        "`redis+sentinel://host:26379,…/<service>[/<db>]`, `redis+cluster://host:port,…`. "
+        "`redis+sentinel://host:26379,…/<service>[/<db>]`, `redis+cluster://host:port,…`; "
+        "a password's `/`, `?`, `#` and `@` percent-encoded (`%2F`, `%3F`, `%23`, `%40`). "
         "Without it, each worker process (`uvicorn --workers`, gunicorn `-w`) has a budget of "
         "its own, and the gateway logs an error at startup when it finds one beside it. See "
         "[cluster.md](cluster.md).",

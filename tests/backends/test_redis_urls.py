@@ -145,6 +145,44 @@ def test_an_unparsable_url_is_shown_without_its_password() -> None:
     assert "s3cret" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("url", "encoded"),
+    [
+        ("redis://app:Zq9/xY@redis:6379/0", "redis://app:Zq9%2FxY@redis:6379/0"),
+        ("redis://:Zq9#xY@redis:6379", "redis://:Zq9%23xY@redis:6379"),
+        ("rediss://app:Zq9?xY@redis:6380/0", "rediss://app:Zq9%3FxY@redis:6380/0"),
+        (
+            "redis+cluster://app:Zq9/xY@h1:7000,h2:7000",
+            "redis+cluster://app:Zq9%2FxY@h1:7000,h2:7000",
+        ),
+        (
+            "redis+sentinel://app:Zq9/xY@s1:26379/mymaster/0",
+            "redis+sentinel://app:Zq9%2FxY@s1:26379/mymaster/0",
+        ),
+    ],
+)
+def test_a_password_with_a_raw_url_delimiter_is_refused_and_never_shown(
+    url: str, encoded: str
+) -> None:
+    """A generated password often holds a ``/`` (base64), which ends a URL's host part:
+    the message said the port ("Zq9") was no number, or the URL was taken and failed at
+    the first connection, and either way showed the password whole."""
+    with pytest.raises(ConfigError) as caught:
+        Settings(redis_url=url)
+    message = str(caught.value)
+    assert "Zq9" not in message and "xY" not in message
+    assert "***@" in message
+    assert "percent-encode them in a password (/ as %2F, ? as %3F, # as %23)" in message
+    # written as the message says, it is taken
+    assert Settings(redis_url=encoded).redis_url == encoded
+
+
+def test_an_unknown_scheme_is_shown_without_its_password() -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings(redis_url="http://app:s3cret@redis:6379")
+    assert "s3cret" not in str(caught.value) and "http://app:***@redis:6379" in str(caught.value)
+
+
 def test_an_unknown_scheme_is_refused_by_the_settings() -> None:
     with pytest.raises(ConfigError, match="unknown scheme 'http'"):
         Settings(redis_url="http://redis:6379")
