@@ -84,15 +84,13 @@ def check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
             f"unknown scheme {scheme!r}; expected one of {', '.join(_REDIS_SCHEMES)}",
         )
     netloc, _ = split_hosts(value.strip())
-    if "@" not in netloc and "@" in value.split("://", 1)[1]:
-        # a password with a raw "/", "?" or "#" ends the host part early: the URL would
-        # name a host "app" on port "pa", and a message show the password whole
+    if _cut_credentials(value.strip()):
         raise settings.error(
             name,
             shown_url(value.strip()),
             "a '/', '?' or '#' comes before the '@', and it ends the host part: the "
             "password would be read as a host and port; percent-encode them in a password "
-            "(/ as %2F, ? as %3F, # as %23), and an '@' in a query as %40",
+            "(/ as %2F, ? as %3F, # as %23)",
         )
     if scheme.endswith(("+sentinel", "+cluster")):
         # parsed where the client is built (connect.py), several hosts and all
@@ -142,19 +140,43 @@ def _with_options(settings: Settings, name: str, value: str, shown: str) -> str:
 
 
 def shown_url(url: str) -> str:
-    """``url`` for a message or a log line, as written but for a password, replaced by
-    ``***``; whether or not the rest of it parses (a list of hosts included). A password
-    holding a raw ``/``, ``?`` or ``#`` ends the host part early: everything up to the
-    last ``@`` is then taken for the credentials, so that none of it is shown."""
+    """``url`` for a message or a log line, as written but for passwords, replaced by
+    ``***``: the one before the ``@`` and those of the query (``password=``,
+    ``sentinel_password=``), whether or not the rest of it parses (a list of hosts
+    included). A password holding a raw ``/``, ``?`` or ``#`` ends the host part early
+    (see ``_cut_credentials``): everything up to the last ``@`` is then taken for the
+    credentials, so that none of it is shown."""
     scheme, _, rest = url.partition("://")
     netloc, _ = split_hosts(url)
     userinfo, at, _ = netloc.rpartition("@")
-    if not at:
+    if not at and _cut_credentials(url):
         userinfo, at, _ = rest.rpartition("@")
     user, colon, _ = userinfo.partition(":")
-    if not (at and colon):
-        return url
-    return f"{scheme}://{user}:***@{rest[len(userinfo) + 1 :]}"
+    if at and colon:
+        rest = f"{user}:***@{rest[len(userinfo) + 1 :]}"
+    return scheme + "://" + _QUERY_PASSWORD.sub(r"\1***", rest)
+
+
+#: a password among a Redis URL's query options, which redis-py hands to its client
+_QUERY_PASSWORD = re.compile(r"([?&][A-Za-z_]*password=)[^&#]*", re.IGNORECASE)
+
+
+def _cut_credentials(url: str) -> bool:
+    """Whether a password with a raw ``/``, ``?`` or ``#`` cut the host part short: no
+    ``@`` in it, one after it, and a node whose port is no number (``app:pa`` of
+    ``redis://app:pa/ss@redis:6379``). An ``@`` in a path or a query is legal; a
+    password cut after digits alone (``app:123/ss@...``) cannot be told from a port."""
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() == "unix":
+        return False
+    netloc, _ = split_hosts(url)
+    if "@" in netloc or "@" not in rest[len(netloc) :]:
+        return False
+    for node in netloc.split(","):
+        port = node.strip().rpartition("]")[2]
+        if ":" in port and not port.rpartition(":")[2].isdigit():
+            return True
+    return False
 
 
 def split_hosts(url: str) -> tuple[str, urllib.parse.SplitResult]:

@@ -177,6 +177,38 @@ def test_a_password_with_a_raw_url_delimiter_is_refused_and_never_shown(
     assert Settings(redis_url=encoded).redis_url == encoded
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "unix:///run/redis@main/redis.sock",
+        "redis://redis:6379/0?client_name=me@pod",
+        "redis://[::1]:6379/0?client_name=me@pod",
+        "redis+sentinel://s1:26379,s2:26379/mymaster/0?client_name=me@pod",
+    ],
+)
+def test_an_at_sign_in_a_path_or_a_query_is_not_taken_for_credentials(url: str) -> None:
+    """RFC 3986 allows ``@`` there: such a URL is taken and shown as written."""
+    assert Settings(redis_url=url).redis_url == url
+    assert shown_url(url) == url
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://redis:6379/0?password=Zq9xY", "redis://redis:6379/0?password=***"),
+        (
+            "redis+sentinel://s1:26379/mymaster/0?db=1&sentinel_password=Zq9xY&x=1",
+            "redis+sentinel://s1:26379/mymaster/0?db=1&sentinel_password=***&x=1",
+        ),
+        ("unix:///tmp/r.sock?db=1&password=Zq9xY", "unix:///tmp/r.sock?db=1&password=***"),
+    ],
+)
+def test_a_password_among_the_query_options_is_masked(url: str, shown: str) -> None:
+    """redis-py takes ``password=`` (and Sentinel's ``sentinel_password=``) from the
+    query; the failure mode's log and connection errors showed it."""
+    assert shown_url(url) == shown
+
+
 def test_an_unknown_scheme_is_shown_without_its_password() -> None:
     with pytest.raises(ConfigError) as caught:
         Settings(redis_url="http://app:s3cret@redis:6379")
