@@ -3,12 +3,13 @@
 Dispatch is weighted max-min fairness in seats held: among the tenants waiting in the most
 urgent non-empty class, the next seat goes to the one with the smallest
 ``(seats in flight + head's seats) / weight``, ties to the tenant whose turn is oldest: its
-last grant, or its arrival when it has had none since it was last idle. Ties are common
-(with more tenants than seats, most hold none), and going by the oldest head instead gave
-a tenant whose requests arrived early seat after seat while tenants whose heads kept
-timing out and arriving anew got almost none. No banked credit (an idle tenant cannot
-burst past its share later), no estimate of request duration, FIFO within a tenant, and
-no skipping past the chosen head when it does not fit.
+last grant, or its first request when it has had none. Ties are common (with more tenants
+than seats, most hold none), and going by the oldest head instead gave a tenant whose
+requests arrived early seat after seat while tenants whose heads kept timing out and
+arriving anew got almost none. A tenant keeps its turn while idle (its only request timed
+out, say, and it sends another), for the last ``IDLE_TURNS`` tenants to go idle. No
+banked credit (an idle tenant cannot burst past its share later), no estimate of request
+duration, FIFO within a tenant, and no skipping past the chosen head when it does not fit.
 
 Each class keeps a heap of its waiting tenants by that dispatch key and, once a policy
 has asked for an eviction victim, a second one by load (``(seats in flight + queued) /
@@ -26,51 +27,19 @@ eviction, snapshots) counts its requests in the lobby too.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from gateway.core.lobby import Lobby
+from gateway.core.tenantheap import TenantHeap
 from gateway.core.tickets import PRIORITIES, Ticket
 
 _RANKS = range(len(PRIORITIES))
 
-
-class TenantHeap:
-    """Tenants ordered by a key that changes often.
-
-    ``set`` pushes a fresh entry and makes the tenant's older ones stale; stale entries are
-    dropped when they reach the top, and the heap is rebuilt when they pile up.
-    """
-
-    __slots__ = ("_heap", "_next", "_version")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[tuple[float, ...], int, str]] = []
-        self._version: dict[str, int] = {}
-        self._next = 0
-
-    def set(self, tenant: str, key: tuple[float, ...]) -> None:
-        self._next += 1
-        self._version[tenant] = self._next
-        heapq.heappush(self._heap, (key, self._next, tenant))
-        if len(self._heap) > 64 and len(self._heap) > 4 * len(self._version):
-            live = [e for e in self._heap if self._version.get(e[2]) == e[1]]
-            heapq.heapify(live)
-            self._heap = live
-
-    def discard(self, tenant: str) -> None:
-        self._version.pop(tenant, None)
-
-    def top(self) -> tuple[tuple[float, ...], str] | None:
-        heap, version = self._heap, self._version
-        while heap:
-            key, number, tenant = heap[0]
-            if version.get(tenant) == number:
-                return key, tenant
-            heapq.heappop(heap)
-        return None
+#: How many idle tenants keep their turn (step.lua's ``IDLE_TURNS`` is the same); one
+#: that went idle longer ago gets a new turn, behind every other, when it comes back.
+IDLE_TURNS = 10_000
 
 
 @dataclass(slots=True, eq=False)
@@ -124,10 +93,12 @@ class FairQueue:
         #: by load, for eviction; None until the first eviction asks (most policies never do)
         self._heavy: list[TenantHeap] | None = None
         self._next_order = 0
-        #: each active tenant's turn for ties: the order of its last grant, or of its first
-        #: request since it was idle; dropped when it holds and waits for nothing
+        #: each tenant's turn for ties: the order of its last grant, or of its first
+        #: request when it has had none; kept for the last ``IDLE_TURNS`` to go idle
         self._turns: dict[str, int] = {}
         self._turn = 0
+        #: tenants by when they last went idle (some may be active again since)
+        self._idle: dict[str, None] = {}
 
     # -- what policies and snapshots may read -------------------------------------------
 
@@ -210,7 +181,7 @@ class FairQueue:
         else:
             del held[tenant]
             if tenant not in self._tenant_queued:
-                del self._turns[tenant]
+                self._went_idle(tenant)
         if self.queued:
             self._rekey(tenant)
 
@@ -315,7 +286,7 @@ class FairQueue:
         self._next_order += 1
         tenant = ticket.tenant
         self._tenant_queued[tenant] = self._tenant_queued.get(tenant, 0) + 1
-        if tenant not in self._turns:  # its first request since it was idle
+        if tenant not in self._turns:  # its first request, or idle for long
             self._turn += 1
             self._turns[tenant] = self._turn
         return waiter
@@ -358,7 +329,19 @@ class FairQueue:
         else:
             del self._tenant_queued[tenant]
             if tenant not in self._tenant_inflight:
-                del self._turns[tenant]
+                self._went_idle(tenant)
+
+    def _went_idle(self, tenant: str) -> None:
+        """``tenant`` holds and waits for nothing now: it keeps its turn, unless more than
+        ``IDLE_TURNS`` tenants went idle since, so that the turns stay bounded."""
+        idle = self._idle
+        idle.pop(tenant, None)
+        idle[tenant] = None
+        if len(idle) > IDLE_TURNS:
+            oldest = next(iter(idle))
+            del idle[oldest]
+            if oldest not in self._tenant_inflight and oldest not in self._tenant_queued:
+                del self._turns[oldest]
 
     def _drop_dead_heads(self, rank: int, tenant: str) -> None:
         queue = self._queues[rank][tenant]

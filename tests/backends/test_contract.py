@@ -248,6 +248,29 @@ async def test_tenants_holding_alike_take_turns_whoever_queued_first(make: Make)
     await assert_drained(gateway)
 
 
+async def test_a_tenant_whose_waiter_left_keeps_its_turn(make: Make) -> None:
+    """A tenant keeping one request waiting, which times out or is cancelled before its
+    turn comes and is sent again, went to the back of the turns every time: with more
+    tenants than seats such a tenant got a few seats, those keeping many waiting the
+    rest. It keeps its place now."""
+    gateway = await make(global_max_in_flight=1)
+    holder = await gateway.scheduler.acquire(Ticket("x"))
+    first_b, second_b = await waiting(gateway, Ticket("b"), Ticket("b"))
+    [left] = await waiting(gateway, Ticket("a"))
+    holder.release()
+    granted = await asyncio.wait_for(first_b, 2)  # b's turn was older; it is newest now
+    left.cancel()
+    await settle(gateway)
+    [again] = await waiting(gateway, Ticket("a"))
+    granted.release()
+    await settle(gateway)
+    # a's turn predates b's last grant
+    assert (again.done(), second_b.done()) == (True, False)
+    again.result().release()
+    (await asyncio.wait_for(second_b, 2)).release()
+    await assert_drained(gateway)
+
+
 async def test_critical_is_served_before_standard_and_background_never_waits(
     make: Make,
 ) -> None:

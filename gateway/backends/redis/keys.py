@@ -41,6 +41,7 @@ KEY_NAMES = (
     "computed",
     "leader",
     "turns",
+    "idle",
 )
 
 _LONG_TENANT = 96

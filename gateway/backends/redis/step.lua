@@ -7,7 +7,7 @@
 -- (TIME), never a pod's.
 --
 -- KEYS, in order: state leases lmeta tin tq wq wmeta wdl ready:0 ready:1 rmem pods
---   weights caps await asserted members unready lobby computed leader turns
+--   weights caps await asserted members unready lobby computed leader turns idle
 --
 -- ARGV, written only by gateway/backends/redis/wire.py (`encode`):
 --    1 pod id                  2 lease TTL (ms)             3 roll-call fallback (ms)
@@ -58,6 +58,9 @@ local AWAIT, ASSERTED, MEMBERS, UNREADY = KEYS[15], KEYS[16], KEYS[17], KEYS[18]
 local LOBBY = KEYS[19] -- waiter id -> arrival: waiting for room in the full queue
 local COMPUTED, LEADER = KEYS[20], KEYS[21] -- provider -> "value|pod|ms"; the lease holder
 local TURNS = KEYS[22] -- tenant -> its turn for ties in the ready sets (see rekey)
+local IDLE = KEYS[23] -- tenant -> when it went idle, for the last IDLE_TURNS to go idle
+-- how many idle tenants keep their turn: gateway/core/fairqueue.py's IDLE_TURNS
+local IDLE_TURNS = 10000
 local WAITING_RANKS = 1 -- ranks 0 (critical) and 1 (standard) wait; 2 (background) never
 -- a pod that knows no other pod cannot bring a roster: a roll call it opens stays open
 -- this long, so that pods still reconnecting after a Redis restart are heard
@@ -155,7 +158,7 @@ if not epoch then
   -- Redis lost the pool (restart without persistence, FLUSHALL, failover, eviction), or
   -- this is its first call ever: start a new epoch and drop whatever fragments survived
   redis.call('DEL', LEASES, LMETA, TIN, TQ, WQ, WMETA, WDL, READY[0], READY[1], RMEM,
-    WEIGHTS, CAPS, PODS, AWAIT, ASSERTED, MEMBERS, UNREADY, LOBBY, COMPUTED, TURNS)
+    WEIGHTS, CAPS, PODS, AWAIT, ASSERTED, MEMBERS, UNREADY, LOBBY, COMPUTED, TURNS, IDLE)
   epoch = new_id()
   redis.call('HSET', S, 'limit', init_ceiling, 'inflight', 0, 'epoch', epoch, 'learn_until', 0,
     'grace_until', 0, 'dweight', 1, 'dcap', -1, 'capped', 0, 'seq', 0, 'arr', 0, 'mver', 0,
@@ -393,10 +396,11 @@ local function head(rank, tenant)
   return parts[4], parts[3]
 end
 
--- a tenant's turn for ties: the order of its last grant, or of its first request since it
--- was idle (holding and waiting for nothing, it has none). With more tenants than seats
--- most hold none and tie; going by the oldest head instead gave a tenant whose requests
--- arrived early seat after seat, while tenants whose heads kept timing out got none
+-- a tenant's turn for ties: the order of its last grant, or of its first request when it
+-- has had none. With more tenants than seats most hold none and tie; going by the oldest
+-- head instead gave a tenant whose requests arrived early seat after seat, while tenants
+-- whose heads kept timing out got none. An idle tenant keeps its turn (its only request
+-- timed out, say, and it sends another) while it is among the last IDLE_TURNS to go idle
 local function next_turn()
   return string.format('%015d', redis.call('HINCRBY', S, 'turn', 1))
 end
@@ -405,9 +409,17 @@ local function take_turn(tenant)
   redis.call('HSET', TURNS, tenant, next_turn())
 end
 
-local function forget_if_idle(tenant)
-  if tenant_inflight(tenant) == 0 and tenant_queued(tenant) == 0 then
-    redis.call('HDEL', TURNS, tenant)
+local function idle(tenant)
+  return tenant_inflight(tenant) == 0 and tenant_queued(tenant) == 0
+end
+
+-- IDLE may still list tenants active again since: their turn stays when they leave it
+local function note_if_idle(tenant)
+  if not idle(tenant) then return end
+  redis.call('ZADD', IDLE, redis.call('HINCRBY', S, 'idled', 1), tenant)
+  if redis.call('ZCARD', IDLE) > IDLE_TURNS then
+    local oldest = redis.call('ZPOPMIN', IDLE)[1]
+    if idle(oldest) then redis.call('HDEL', TURNS, oldest) end
   end
 end
 
@@ -446,7 +458,7 @@ local function add_tenant_inflight(tenant, delta)
   local left = redis.call('HINCRBY', TIN, tenant, delta)
   if left <= 0 then
     redis.call('HDEL', TIN, tenant)
-    forget_if_idle(tenant)
+    note_if_idle(tenant)
   end
   if nwait > 0 and tenant_queued(tenant) > 0 then rekey(tenant) end
 end
@@ -553,7 +565,7 @@ local function unqueue(id)
   redis.call('ZREM', WDL, id)
   if redis.call('HINCRBY', TQ, parts[2], -1) <= 0 then
     redis.call('HDEL', TQ, parts[2])
-    forget_if_idle(parts[2])
+    note_if_idle(parts[2])
   end
   if nlobby > 0 and redis.call('ZREM', LOBBY, id) == 1 then
     nlobby = nlobby - 1
@@ -689,6 +701,8 @@ if flags.heartbeat then
     local id, tenant, seats = held[at], held[at + 1], tonumber(held[at + 2])
     if redis.call('ZADD', LEASES, 'XX', 'CH', now + ttl, id) == 0
         and not redis.call('ZSCORE', LEASES, id) then
+      -- after Redis lost the pool its holders have no turn: one from now
+      if redis.call('HEXISTS', TURNS, tenant) == 0 then take_turn(tenant) end
       add_lease(id, tenant, seats, pod)
       reasserted = reasserted + 1
     end
