@@ -1,0 +1,51 @@
+"""Request targets ``obleth serve`` never forwards are refused before admission: a
+client's mistake is answered 400 at once, even while the gate is full, and takes no
+seat. ``obleth serve``'s app on a real server in front of an echoing upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from gateway.core.tickets import Ticket
+from tests.proxy.serving import serving
+
+pytestmark = pytest.mark.anyio
+
+
+async def raw_answer(url: str, request_line: str) -> tuple[bytes, dict[str, str]]:
+    """The status line and the JSON error of ``request_line``, sent as written (an HTTP
+    client would resolve its dot segments itself)."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(f"{request_line}\r\nhost: x\r\nconnection: close\r\n\r\n".encode())
+        answer = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    error: dict[str, str] = json.loads(body)["error"]
+    return head.split(b"\r\n")[0], error
+
+
+@pytest.mark.parametrize("request_line", ["GET /v1/../../admin HTTP/1.1", "OPTIONS * HTTP/1.1"])
+async def test_an_unforwardable_target_gets_400_while_the_gate_is_full_and_takes_no_seat(
+    request_line: str,
+) -> None:
+    """It used to wait for a seat like any request: under ``reject`` with the gate full
+    it was answered 503 over_capacity (a client told to retry a request that can never
+    pass), and with a seat free it took one and was counted as routed and completed."""
+    async with serving(global_max_in_flight=1, overflow_policy="reject") as served:
+        held = await served.scheduler.acquire(Ticket("x"))
+        try:
+            status, error = await raw_answer(served.url, request_line)
+        finally:
+            held.release()
+        assert status.startswith(b"HTTP/1.1 400 ") and error["code"] == "invalid_path"
+        admitted = served.scheduler.admitted
+        status, error = await raw_answer(served.url, request_line)
+        assert status.startswith(b"HTTP/1.1 400 ") and error["code"] == "invalid_path"
+        assert served.scheduler.admitted == admitted
+        assert served.echo.received == []
