@@ -223,8 +223,9 @@ def _models_url(upstream: str) -> httpx.URL:
 
 
 class ModelList:
-    """Answers ``GET /v1/models`` and ``GET /v1/models/{id}`` from a ``ModelCatalog``;
-    every other request (other methods on those paths too) goes to ``app``.
+    """Answers ``GET /v1/models`` and ``GET /v1/models/{id}`` (and ``HEAD``) from a
+    ``ModelCatalog``; every other request (other methods on those paths too) goes to
+    ``app``.
 
     - ``/v1/models``: ``200 {"object": "list", "data": [...]}``, the catalog's union.
     - ``/v1/models/{id}`` (an id may hold slashes): ``200`` with that model's entry, or
@@ -250,7 +251,8 @@ class ModelList:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
-        if kind == "http" and scope["method"] == "GET":
+        if kind == "http" and scope["method"] in ("GET", "HEAD"):  # the server drops
+            # a HEAD's body, keeping the GET's headers, as monitoring checks expect
             path: str = scope["path"]
             if path == MODELS_PATH:
                 await self._list(send)

@@ -224,16 +224,21 @@ async def test_listing_models_takes_no_seat_while_the_gateway_is_full() -> None:
             await eventually(lambda: app.gateway.snapshot().inflight == 1, "the seat held")
             refused = await http.post("/v1/completions", json={"prompt": "hi"})
             listed = await http.get("/v1/models")
+            headed = await http.head("/v1/models")
         finally:
             upstream.release.set()
             assert (await within(holding, "the held request")).status_code == 200
 
     assert refused.status_code == 503, refused.text
     assert ids(listed) == ["llama"]
+    # HEAD, as monitoring checks send it, is answered as GET is, without the body (it
+    # was forwarded through admission: 503 here, and one upstream's length otherwise)
+    assert headed.status_code == 200 and headed.content == b""
+    assert headed.headers["content-length"] == listed.headers["content-length"]
 
 
 async def test_other_methods_on_the_models_path_are_forwarded() -> None:
-    """Only GET is answered by the gateway; a POST goes through admission to an upstream
+    """Only GET and HEAD are answered by the gateway; a POST goes through admission to an upstream
     (which answers it as it likes)."""
     upstream = Listing("llama")
     async with upstreams(upstream) as (a,), gateway_before([a.url]) as http:
