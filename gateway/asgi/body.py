@@ -141,13 +141,20 @@ def expects_continue(scope: Scope) -> bool:
 
 
 def has_json_body(scope: Scope) -> bool:
-    """JSON bodies are read for classifiers and the router; anything else streams to the app."""
+    """JSON bodies are read for classifiers and the router; anything else streams to the
+    app. JSON is what FastAPI, and so vLLM, parses as JSON: ``application/json``,
+    ``application/<anything>+json``, and a body with no ``Content-Type`` at all (what
+    ``requests.post(url, data=json.dumps(...))`` sends)."""
     if scope["method"] not in _BODY_METHODS:
         return False
     for name, value in scope["headers"]:
         if name == b"content-type":
-            return bool(value.lower().startswith(b"application/json"))
-    return False
+            media = value.split(b";", 1)[0].strip().lower()
+            return bool(
+                media == b"application/json"
+                or (media.startswith(b"application/") and media.endswith(b"+json"))
+            )
+    return True
 
 
 def client_left(error: Exception, body: RequestBody | None) -> bool:

@@ -105,6 +105,35 @@ def test_a_json_content_type_is_recognised_in_any_case() -> None:
     run(scenario)
 
 
+@pytest.mark.parametrize(
+    ("headers", "read"),
+    [
+        ({}, True),  # requests.post(url, data=json.dumps(...)) sends none
+        ({"content-type": "application/vnd.api+json"}, True),
+        ({"content-type": "application/jsonl"}, False),
+        ({"content-type": "text/plain"}, False),
+        ({"content-type": "application/x-www-form-urlencoded"}, False),
+    ],
+)
+def test_a_body_is_read_as_json_when_an_openai_style_server_would_parse_it_so(
+    headers: dict[str, str], read: bool
+) -> None:
+    """FastAPI (so vLLM) parses a body with no ``Content-Type``, or an ``+json`` one, as
+    JSON: such a request works sent to vLLM directly, and through the gateway it used to
+    be routed blind (no model, no prefix), to an upstream that may not serve its model."""
+    body = json.dumps({"model": "m"}).encode()
+
+    async def scenario() -> None:
+        classifier = ModelClassifier()
+        gw = GatewayMiddleware(Echo(), Settings(), plugins=[classifier])
+        client = Client(body=body)
+        await gw(http_scope(headers=headers), client.receive, client.send)
+        assert client.status == 200 and client.text == body
+        assert classifier.bodies == [body if read else None]
+
+    run(scenario)
+
+
 def test_a_scope_whose_state_is_none_still_gets_its_record_and_gives_the_seat_back() -> None:
     """A server may pass ``state: None``; the record is stored in a new dict, on the path
     that takes a free seat as on the others."""
