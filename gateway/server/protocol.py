@@ -141,11 +141,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's answer to bytes the parser cannot read as HTTP/1.1 (a bad request
         line, a header with a space in its name, broken chunked framing): between
         requests, the gateway's own JSON error instead of uvicorn's plain text. While a
-        request is being answered (its body is what broke) uvicorn's answer stands: it
-        closes the connection, which tells the app the client is gone."""
+        request is being answered (its body is what broke), or once the connection was
+        refused, nothing is written: the connection closes, which tells the app the
+        client is gone. uvicorn wrote its plain-text 400 there, into the response's own
+        stream when that had begun."""
         cycle = self.cycle
         if self._refused or (cycle is not None and not cycle.response_complete):
-            super().send_400_response(msg)
+            if not self._refused:
+                peer = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+                log.warning("%s: %s in a request's body; closed the connection", peer, msg)
+            self._refused = True
+            self._disarm()
+            self.transport.close()
             return
         self._refuse(
             400,

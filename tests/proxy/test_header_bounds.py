@@ -198,3 +198,16 @@ def test_a_bound_below_one_kibibyte_is_a_config_error_naming_the_setting() -> No
     with pytest.raises(ConfigError, match=r"client_header_timeout_s.*above 0"):
         Settings(client_header_timeout_s=0)
     assert Settings().max_header_bytes == MAX
+
+
+def test_a_body_whose_chunked_framing_breaks_closes_the_connection_without_an_answer(
+    pod: ServePod,
+) -> None:
+    """A chunk size that is no number, in a request being read: the connection closes,
+    as docs/routing.md says. The server's plain-text 400 was written instead, and into
+    the stream of a response already under way when there was one."""
+    head = request_head(
+        "/v1/completions", ("transfer-encoding", "chunked"), ("x-test-id", "broken"), method="POST"
+    )
+    answer = send_and_read(pod.url, head + b"5\r\nhello\r\nzz\r\n")
+    assert answer.closed and answer.raw == b"", answer.raw[:300]
