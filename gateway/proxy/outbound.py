@@ -173,7 +173,11 @@ class Outbound:
             if not (stalled or waited):
                 raise
             why = "took none of the request body" if stalled else "sent no response headers"
-            return UpstreamFailure("timeout", f"{why} within {timeout} s")
+            return UpstreamFailure(
+                "timeout",
+                f"{why} within {timeout} s (upstream_response_timeout_s: raise it for "
+                "long answers that are not streamed)",
+            )
         finally:
             CURRENT.reset(current)
             if answer is not None:
