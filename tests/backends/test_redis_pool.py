@@ -502,6 +502,34 @@ async def test_local_failure_mode_is_announced_in_a_metric(
     provider.shutdown()
 
 
+async def test_a_pod_that_starts_while_redis_is_down_admits_nothing_on_its_own(
+    own_pods: Pods, own_redis: RedisServer
+) -> None:
+    """A pod that has never heard from Redis knows neither the pool's ceiling nor how many
+    pods share it. It counted itself alone and admitted its whole limit beside the pods
+    admitting their shares (a sweep saw 20 in flight against a limit of 12, when an
+    autoscaler or a restart added a pod during an outage). Its local share is 0 now: what
+    it gets waits, and is handed to the shared queue once Redis answers."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    first = await own_pods.start(global_max_in_flight=4)
+    own_redis.pause()
+    try:
+        late = await own_pods.start(global_max_in_flight=4)
+        watch(late, provider)
+        waiting = asyncio.ensure_future(late.scheduler.acquire(Ticket("u")))
+        await asyncio.sleep(0.2)  # with a share, it was granted within a round
+        assert _gauges(reader) == {"obleth.cluster.degraded": 1, "obleth.cluster.local_share": 0}
+        assert not waiting.done()
+    finally:
+        own_redis.resume()
+    permit = await asyncio.wait_for(waiting, 3 * TTL)  # granted from the shared pool
+    permit.release()
+    assert first.snapshot().limit == 4
+    assert (await own_pods.wait_empty(2)).empty
+    provider.shutdown()
+
+
 def _gauges(reader: InMemoryMetricReader) -> dict[str, float]:
     data = reader.get_metrics_data()
     assert data is not None

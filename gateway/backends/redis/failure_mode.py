@@ -156,5 +156,11 @@ class FailureMode:
 
     def local_share(self) -> int:
         """``floor(limit / live pods)``: in the failure mode the limit is this pod's own
-        (the pool's ceiling as last heard, its own computed values)."""
-        return self._pod.limit // max(1, self._pod.live_pods)
+        (the pool's ceiling as last heard, its own computed values). 0 for a pod that has
+        never heard from Redis (it started during the outage): it knows neither the pool's
+        ceiling nor how many pods share it, and counting itself alone, it admitted the
+        whole limit beside the pods admitting their shares."""
+        pod = self._pod
+        if pod.seen_limit is None:
+            return 0
+        return pod.limit // max(1, pod.live_pods)
