@@ -140,11 +140,14 @@ def expects_continue(scope: Scope) -> bool:
     return False
 
 
-def has_json_body(scope: Scope) -> bool:
+def has_json_body(scope: Scope, limit: int) -> bool:
     """JSON bodies are read for classifiers and the router; anything else streams to the
     app. JSON is what FastAPI, and so vLLM, parses as JSON: ``application/json``,
     ``application/<anything>+json``, and a body with no ``Content-Type`` at all (what
-    ``requests.post(url, data=json.dumps(...))`` sends)."""
+    ``requests.post(url, data=json.dumps(...))`` sends). Without a ``Content-Type`` the
+    body may be anything (a file posted raw), so it is read only when its
+    ``Content-Length`` is within ``limit``: a larger one streams to the app, where a
+    declared JSON type gets ``413``."""
     if scope["method"] not in _BODY_METHODS:
         return False
     for name, value in scope["headers"]:
@@ -154,7 +157,8 @@ def has_json_body(scope: Scope) -> bool:
                 media == b"application/json"
                 or (media.startswith(b"application/") and media.endswith(b"+json"))
             )
-    return True
+    length = declared_length(scope)
+    return length is not None and length <= limit
 
 
 def client_left(error: Exception, body: RequestBody | None) -> bool:

@@ -35,7 +35,7 @@ async def pass_routed(plan: FlightPlan, scope: Scope, receive: Receive, send: Se
         return
     body = None
     payload = None
-    if has_json_body(scope):
+    if has_json_body(scope, plan.max_body):
         body = RequestBody(receive, plan.max_body, declared_length(scope))
         try:
             payload = await body.read()

@@ -98,7 +98,7 @@ class Flight:
         scope = self.scope
         payload = None
         try:
-            if plan.reads_body and has_json_body(scope):
+            if plan.reads_body and has_json_body(scope, plan.max_body):
                 self.body = RequestBody(self.receive, plan.max_body, declared_length(scope))
                 payload = await self.body.read()
             if plan.header_ticket is not None:

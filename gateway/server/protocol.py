@@ -140,16 +140,21 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes the parser cannot read as HTTP/1.1 (a bad request
         line, a header with a space in its name, broken chunked framing): between
-        requests, the gateway's own JSON error instead of uvicorn's plain text. While a
-        request is being answered (its body is what broke), or once the connection was
-        refused, nothing is written: the connection closes, which tells the app the
-        client is gone. uvicorn wrote its plain-text 400 there, into the response's own
-        stream when that had begun."""
+        requests, the gateway's own JSON error instead of uvicorn's plain text (after the
+        response under way, if any: ``_refuse``). While a request's body is being read
+        (its body is what broke), or once the connection was refused, nothing is
+        written: the connection closes, which tells the app the client is gone. uvicorn
+        wrote its plain-text 400 there, into the response's own stream when that had
+        begun."""
         cycle = self.cycle
-        if self._refused or (cycle is not None and not cycle.response_complete):
+        if self._refused or (self._in_body and cycle is not None):
             if not self._refused:
                 peer = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
-                log.warning("%s: %s in a request's body; closed the connection", peer, msg)
+                log.warning(
+                    "%s: %s, in a request's body; closed the connection",
+                    peer,
+                    msg.rstrip("."),
+                )
             self._refused = True
             self._disarm()
             self.transport.close()

@@ -119,7 +119,8 @@ class AdmissionSettings(Declared):
         8 * 1024 * 1024,
         doc="Largest JSON request body read (for routing, or a classifier plugin that reads "
         "bodies; the built-in one reads none); a larger one gets `413`. JSON is "
-        "`application/json`, `application/*+json` or no `Content-Type`, as vLLM reads it. "
+        "`application/json`, `application/*+json` or, within this length, no "
+        "`Content-Type`, as vLLM reads it. "
         "Other bodies stream to the app; of a request waiting in the queue, at most 64 KiB "
         "(or `max_body_bytes`, if lower) is taken off the connection meanwhile and kept for "
         "the app.",

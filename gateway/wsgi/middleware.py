@@ -86,7 +86,7 @@ class WSGIGatewayMiddleware:
         plan = self._plans.current()
         scope = scope_of(environ, raw_path, path, self._unfold)
         ahead = None
-        if plan.reads_body and has_json_body(scope):
+        if plan.reads_body and has_json_body(scope, plan.max_body):
             ahead = body_ahead(environ, plan.max_body)
         loop = self._loop.loop()
         passage = Passage(loop)

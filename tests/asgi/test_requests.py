@@ -106,26 +106,33 @@ def test_a_json_content_type_is_recognised_in_any_case() -> None:
 
 
 @pytest.mark.parametrize(
-    ("headers", "read"),
+    ("headers", "limit", "read"),
     [
-        ({}, True),  # requests.post(url, data=json.dumps(...)) sends none
-        ({"content-type": "application/vnd.api+json"}, True),
-        ({"content-type": "application/jsonl"}, False),
-        ({"content-type": "text/plain"}, False),
-        ({"content-type": "application/x-www-form-urlencoded"}, False),
+        # requests.post(url, data=json.dumps(...)) sends no Content-Type
+        ({"content-length": "14"}, 14, True),
+        # over max_body_bytes, or of a length not told: maybe a file posted raw
+        ({"content-length": "14"}, 13, False),
+        ({}, 14, False),
+        ({"content-type": "application/vnd.api+json"}, 14, True),
+        ({"content-type": "application/jsonl"}, 14, False),
+        ({"content-type": "text/plain"}, 14, False),
+        ({"content-type": "application/x-www-form-urlencoded"}, 14, False),
     ],
 )
 def test_a_body_is_read_as_json_when_an_openai_style_server_would_parse_it_so(
-    headers: dict[str, str], read: bool
+    headers: dict[str, str], limit: int, read: bool
 ) -> None:
     """FastAPI (so vLLM) parses a body with no ``Content-Type``, or an ``+json`` one, as
     JSON: such a request works sent to vLLM directly, and through the gateway it used to
-    be routed blind (no model, no prefix), to an upstream that may not serve its model."""
+    be routed blind (no model, no prefix), to an upstream that may not serve its model.
+    Without a ``Content-Type`` only a body whose length is declared within
+    ``max_body_bytes`` is read: another may be a file posted raw, and streams."""
     body = json.dumps({"model": "m"}).encode()
+    assert len(body) == 14
 
     async def scenario() -> None:
         classifier = ModelClassifier()
-        gw = GatewayMiddleware(Echo(), Settings(), plugins=[classifier])
+        gw = GatewayMiddleware(Echo(), Settings(max_body_bytes=limit), plugins=[classifier])
         client = Client(body=body)
         await gw(http_scope(headers=headers), client.receive, client.send)
         assert client.status == 200 and client.text == body
