@@ -27,7 +27,7 @@ eviction, snapshots) counts its requests in the lobby too.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -98,7 +98,7 @@ class FairQueue:
         self._turns: dict[str, int] = {}
         self._turn = 0
         #: tenants by when they last went idle (some may be active again since)
-        self._idle: dict[str, None] = {}
+        self._idle: OrderedDict[str, None] = OrderedDict()
 
     # -- what policies and snapshots may read -------------------------------------------
 
@@ -335,11 +335,11 @@ class FairQueue:
         """``tenant`` holds and waits for nothing now: it keeps its turn, unless more than
         ``IDLE_TURNS`` tenants went idle since, so that the turns stay bounded."""
         idle = self._idle
-        idle.pop(tenant, None)
         idle[tenant] = None
+        idle.move_to_end(tenant)
         if len(idle) > IDLE_TURNS:
-            oldest = next(iter(idle))
-            del idle[oldest]
+            # an OrderedDict: a plain dict's first key is found past every deleted slot
+            oldest, _ = idle.popitem(last=False)
             if oldest not in self._tenant_inflight and oldest not in self._tenant_queued:
                 del self._turns[oldest]
 

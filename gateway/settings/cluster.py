@@ -149,7 +149,9 @@ def shown_url(url: str) -> str:
     scheme, _, rest = url.partition("://")
     netloc, _ = split_hosts(url)
     userinfo, at, _ = netloc.rpartition("@")
-    if not at and _cut_credentials(url):
+    if not at and (scheme.lower() == "unix" or _cut_credentials(url)):
+        # a unix socket's path follows the "@": a password's raw "/" ends no host part
+        # there, and what precedes the last "@" is masked if it holds a ":"
         userinfo, at, _ = rest.rpartition("@")
     user, colon, _ = userinfo.partition(":")
     if at and colon:

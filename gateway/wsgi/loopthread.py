@@ -99,15 +99,22 @@ class LoopThread:
     def _start(self) -> None:
         loop = asyncio.new_event_loop()
         running = threading.Event()
+        # each loop its own: a loop's end fails only the requests it was running
+        self._running = set()
         thread = threading.Thread(
-            target=self._run, args=(loop, running), name=self._name, daemon=True
+            target=self._run, args=(loop, running, self._running), name=self._name, daemon=True
         )
         self._died = None
         thread.start()
         running.wait()
         self._loop, self._thread, self._pid = loop, thread, os.getpid()
 
-    def _run(self, loop: asyncio.AbstractEventLoop, running: threading.Event) -> None:
+    def _run(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        running: threading.Event,
+        futures: set[concurrent.futures.Future[Any]],
+    ) -> None:
         """The loop's thread. Should an exception escape the loop (asyncio lets
         ``SystemExit`` and ``KeyboardInterrupt`` out of a task), the log says so, the
         requests waiting on it are answered, and later ones get a ``RuntimeError`` at once
@@ -115,10 +122,11 @@ class LoopThread:
         new process starts afresh."""
         asyncio.set_event_loop(loop)
         loop.call_soon(running.set)
+        died: BaseException | None = None
         try:
             loop.run_forever()
         except BaseException as exc:
-            self._died = exc
+            died = self._died = exc
             log.critical(
                 "the gateway's event loop in process %d stopped on %r; requests through "
                 "the gateway fail until the process is restarted",
@@ -127,37 +135,43 @@ class LoopThread:
                 exc_info=exc,
             )
         finally:
-            try:
-                _end_tasks(loop)
-            except BaseException as exc:  # a task that exits even as it is cancelled
-                self._died = self._died or exc
+            escaped = _end_tasks(loop)
+            if escaped is not None:  # a task that exits even as it is cancelled
                 log.critical(
                     "the gateway's event loop in process %d stopped on %r while ending its "
                     "requests",
                     os.getpid(),
-                    exc,
-                    exc_info=exc,
+                    escaped,
+                    exc_info=escaped,
                 )
-            finally:
-                loop.close()
-                # a request whose task did not end (its loop died under it, or under the
-                # cleanup) hears why, rather than waiting for good
-                for future in list(self._running):
+                if died is None and self._loop is loop:
+                    died = self._died = escaped
+            loop.close()
+            if died is not None or escaped is not None:
+                # a request whose task did not end hears why, rather than waiting for good
+                for future in list(futures):
                     with contextlib.suppress(concurrent.futures.InvalidStateError):
-                        future.set_exception(_dead(self._died))
+                        future.set_exception(_dead(died or escaped))
 
 
-def _end_tasks(loop: asyncio.AbstractEventLoop) -> None:
+def _end_tasks(loop: asyncio.AbstractEventLoop) -> BaseException | None:
     """Ends the requests still on ``loop``, so that their worker threads are answered: a
-    few rounds, as ending one may start another, or a hand-over queued meanwhile."""
+    few rounds, as ending one may start another, or a hand-over queued meanwhile. What
+    escaped a round (a task's ``sys.exit()`` as it is cancelled) is returned, the first
+    one, after every round has run: the other tasks still end."""
+    escaped: BaseException | None = None
     for _ in range(3):
-        # hand-overs queued from other threads meanwhile become tasks first
-        loop.run_until_complete(asyncio.sleep(0))
-        pending = asyncio.all_tasks(loop)
-        if not pending:
-            return
-        stopping = (cancel_and_wait(task) for task in pending)
-        loop.run_until_complete(asyncio.gather(*stopping, return_exceptions=True))
+        try:
+            # hand-overs queued from other threads meanwhile become tasks first
+            loop.run_until_complete(asyncio.sleep(0))
+            pending = asyncio.all_tasks(loop)
+            if not pending:
+                break
+            stopping = (cancel_and_wait(task) for task in pending)
+            loop.run_until_complete(asyncio.gather(*stopping, return_exceptions=True))
+        except BaseException as exc:
+            escaped = escaped or exc
+    return escaped
 
 
 def _dead(cause: BaseException | None) -> RuntimeError:

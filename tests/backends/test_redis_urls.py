@@ -242,3 +242,9 @@ def test_a_refused_url_is_shown_without_its_password() -> None:
         Settings(redis_url="redis://app:s3cret@redis:99999/0")
     assert "s3cret" not in str(caught.value)
     assert "redis://app:***@redis:99999/0" in str(caught.value)
+
+
+def test_a_unix_socket_password_with_a_raw_slash_is_masked() -> None:
+    """A unix URL's path follows its ``@``: the password's ``/`` was taken for the path's
+    start, and the URL shown whole."""
+    assert shown_url("unix://:Zq9/xY@/tmp/redis.sock?db=0") == "unix://:***@/tmp/redis.sock?db=0"

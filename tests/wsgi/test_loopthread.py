@@ -75,12 +75,53 @@ def test_a_task_that_exits_as_it_is_ended_does_not_keep_its_request_waiting(
         escaped = thread.submit(exiting())
         done, _ = concurrent.futures.wait([escaped, pending], 5)
     assert done == {escaped, pending}
-    assert isinstance(pending.exception(), RuntimeError)
+    # its own SystemExit, or the RuntimeError saying the loop stopped: either way, told
+    assert isinstance(pending.exception(), RuntimeError | SystemExit)
+    assert thread._thread is not None
+    thread._thread.join(5)
     assert loop.is_closed()
     with pytest.raises(RuntimeError, match=r"stopped on SystemExit\(4\)"):
         thread.loop()
     assert [r.exc_info is not None for r in caplog.records] == [True, True]
     assert "while ending its requests" in caplog.records[1].getMessage()
+
+
+def test_a_request_handed_to_a_new_loop_while_the_old_one_closes_is_served() -> None:
+    """``close()`` runs its last coroutine on the old loop; a request handed over
+    meanwhile starts a new loop. The old loop's end failed every request the thread
+    object knew of, the new loop's included."""
+    thread = LoopThread("test-loop")
+    in_last, release, closed = threading.Event(), threading.Event(), threading.Event()
+
+    async def work() -> str:
+        await asyncio.sleep(0)
+        return "ok"
+
+    async def slow_work() -> str:  # still running when the old loop has ended
+        for _ in range(500):
+            if closed.is_set():
+                return "ok"
+            await asyncio.sleep(0.01)
+        return "never told the old loop ended"
+
+    async def last() -> None:
+        in_last.set()
+        for _ in range(500):
+            if release.is_set():
+                return
+            await asyncio.sleep(0.01)
+
+    assert thread.submit(work()).result(5) == "ok"
+    closer = threading.Thread(target=thread.close, args=(last,), daemon=True)
+    closer.start()
+    assert in_last.wait(5)
+    handed = thread.submit(slow_work())  # the old loop is closing: a new one starts
+    release.set()
+    closer.join(10)
+    assert not closer.is_alive()
+    closed.set()
+    assert handed.result(5) == "ok"
+    thread.close()
 
 
 def test_a_request_handed_over_as_the_loop_dies_is_answered_503() -> None:
