@@ -93,11 +93,16 @@ class MemoryBackend:
     def cancel(self, pending: Pending) -> None:
         waiter = pending.token
         assert isinstance(waiter, Waiter)
-        if not self._queue.remove(waiter):
-            # dispatch granted it before the waiter gave up: the seats go to the next one
-            future = pending.future
-            if future.done() and not future.cancelled() and future.exception() is None:
-                self.release(future.result())
+        if self._queue.remove(waiter):
+            if self._queue.queued:
+                # it may have been a head too large for the free seats, holding back a
+                # smaller request behind it (step.lua dispatches after a cancel too)
+                self._dispatch()
+            return
+        # dispatch granted it before the waiter gave up: the seats go to the next one
+        future = pending.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            self.release(future.result())
 
     def limit_changed(self) -> None:
         self._dispatch()

@@ -434,6 +434,21 @@ async def test_a_request_that_fits_the_free_seats_is_not_held_behind_one_that_do
     await assert_drained(gateway)
 
 
+async def test_a_request_held_back_by_a_head_too_large_runs_once_that_head_leaves(
+    make: Make,
+) -> None:
+    """Limit 2, one seat held: tenant b's 2-seat request waits at the head of its queue,
+    its 1-seat one behind it. When the large one gives up, the small one fits the free
+    seat and runs; in process it used to wait for the next release."""
+    gateway = await make(global_max_in_flight=2)
+    holder = await gateway.scheduler.acquire(Ticket("a"))
+    big, small = await waiting(gateway, Ticket("b", seats=2), Ticket("b"))
+    big.cancel()
+    (await asyncio.wait_for(small, 2)).release()
+    holder.release()
+    await assert_drained(gateway)
+
+
 async def test_tenant_over_its_cap_gets_429(make: Make) -> None:
     gateway = await make(global_max_in_flight=10, tenant_max_in_flight={"free": 1})
     held = await gateway.scheduler.acquire(Ticket("free"))
