@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.backends.redis.keys import PoolKeys
+from gateway.core.fairqueue import IDLE_TURNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +47,12 @@ return {
   redis.call('HGETALL', KEYS[1]), redis.call('ZCARD', KEYS[2]), redis.call('HGETALL', KEYS[3]),
   redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5]), redis.call('ZCARD', KEYS[6]),
   redis.call('HLEN', KEYS[7]), redis.call('ZCARD', KEYS[8]), redis.call('ZCARD', KEYS[9]),
+  redis.call('HKEYS', KEYS[10]), redis.call('ZRANGE', KEYS[11], 0, -1),
 }
 """
 
 
-_NAMES = ("state", "leases", "lmeta", "tin", "tq", "wq", "wmeta", "wdl", "lobby")
+_NAMES = ("state", "leases", "lmeta", "tin", "tq", "wq", "wmeta", "wdl", "lobby", "turns", "idle")
 
 
 async def audit(client: Any, pool: str, *, max_queue: int | None = None) -> PoolAudit:
@@ -68,8 +70,8 @@ def audit_sync(client: Any, pool: str, *, max_queue: int | None = None) -> PoolA
 
 
 def _parse(raw: list[Any], max_queue: int | None) -> PoolAudit:
-    state, leases, lmeta, tin, tq, wq, wmeta, wdl, lobby = raw
-    return check(
+    state, leases, lmeta, tin, tq, wq, wmeta, wdl, lobby, turns, idle = raw
+    audited = check(
         _pairs(state),
         leases,
         _pairs(lmeta),
@@ -81,6 +83,23 @@ def _parse(raw: list[Any], max_queue: int | None) -> PoolAudit:
         lobby=lobby,
         max_queue=max_queue,
     )
+    active = {_s(t) for t in tin[::2]} | {_s(t) for t in tq[::2]}
+    audited.problems.extend(_turn_problems(active, {_s(t) for t in turns}, [_s(t) for t in idle]))
+    return audited
+
+
+def _turn_problems(active: set[str], turns: set[str], idle: list[str]) -> list[str]:
+    """The fair queue's turns (see step.lua's ``rekey``): every active tenant has one, an
+    idle tenant keeps one only while ``idle`` lists it, and ``idle`` stays bounded."""
+    problems = []
+    if active - turns:
+        problems.append(f"active tenant(s) without a turn: {sorted(active - turns)[:5]}")
+    stray = turns - active - set(idle)
+    if stray:
+        problems.append(f"turn(s) of tenants neither active nor idle: {sorted(stray)[:5]}")
+    if len(idle) > IDLE_TURNS:
+        problems.append(f"{len(idle)} idle tenants keep turns, above {IDLE_TURNS}")
+    return problems
 
 
 def _pairs(flat: list[Any]) -> dict[Any, Any]:
