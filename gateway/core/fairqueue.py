@@ -165,8 +165,7 @@ class FairQueue:
         self.inflight += seats
         held = self._tenant_inflight
         held[tenant] = held.get(tenant, 0) + seats
-        self._turn += 1
-        self._turns[tenant] = self._turn
+        self._take_turn(tenant)
         if self.queued:  # with nobody waiting there are no keys to update
             self._rekey(tenant)
 
@@ -246,8 +245,7 @@ class FairQueue:
             self.inflight += head.ticket.seats
             held = self._tenant_inflight
             held[tenant] = held.get(tenant, 0) + head.ticket.seats
-            self._turn += 1
-            self._turns[tenant] = self._turn
+            self._take_turn(tenant)
             self._rekey(tenant)
             if self.lobby:
                 self._fill_from_lobby()
@@ -287,8 +285,7 @@ class FairQueue:
         tenant = ticket.tenant
         self._tenant_queued[tenant] = self._tenant_queued.get(tenant, 0) + 1
         if tenant not in self._turns:  # its first request, or idle for long
-            self._turn += 1
-            self._turns[tenant] = self._turn
+            self._take_turn(tenant)
         return waiter
 
     def _file(self, waiter: Waiter) -> None:
@@ -330,6 +327,11 @@ class FairQueue:
             del self._tenant_queued[tenant]
             if tenant not in self._tenant_inflight:
                 self._went_idle(tenant)
+
+    def _take_turn(self, tenant: str) -> None:
+        """``tenant`` goes behind every other tenant that ties with it."""
+        self._turn += 1
+        self._turns[tenant] = self._turn
 
     def _went_idle(self, tenant: str) -> None:
         """``tenant`` holds and waits for nothing now: it keeps its turn, unless more than

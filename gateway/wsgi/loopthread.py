@@ -147,11 +147,12 @@ class LoopThread:
                 if died is None and self._loop is loop:
                     died = self._died = escaped
             loop.close()
-            if died is not None or escaped is not None:
+            cause = died or escaped
+            if cause is not None:
                 # a request whose task did not end hears why, rather than waiting for good
                 for future in list(futures):
                     with contextlib.suppress(concurrent.futures.InvalidStateError):
-                        future.set_exception(_dead(died or escaped))
+                        future.set_exception(_dead(cause))
 
 
 def _end_tasks(loop: asyncio.AbstractEventLoop) -> BaseException | None:
@@ -174,9 +175,7 @@ def _end_tasks(loop: asyncio.AbstractEventLoop) -> BaseException | None:
     return escaped
 
 
-def _dead(cause: BaseException | None) -> RuntimeError:
-    if cause is None:
-        return RuntimeError("the gateway stopped (close()) before this request ended")
+def _dead(cause: BaseException) -> RuntimeError:
     return RuntimeError(
         f"the gateway's event loop in this process stopped on {cause!r} (the log has its "
         "traceback, naming the code it came from); restart the process"

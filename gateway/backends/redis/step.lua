@@ -409,6 +409,11 @@ local function take_turn(tenant)
   redis.call('HSET', TURNS, tenant, next_turn())
 end
 
+-- a tenant with no turn (its first request, or idle for long) gets one from now
+local function ensure_turn(tenant)
+  if redis.call('HEXISTS', TURNS, tenant) == 0 then take_turn(tenant) end
+end
+
 local function idle(tenant)
   return tenant_inflight(tenant) == 0 and tenant_queued(tenant) == 0
 end
@@ -518,7 +523,7 @@ local function record(id, tenant, rank, seats, deadline)
   redis.call('HSET', WMETA, id, rank .. '|' .. tenant .. '|' .. arrival .. '|' .. seats .. '|' .. pod)
   redis.call('ZADD', WDL, deadline, id)
   redis.call('HINCRBY', TQ, tenant, 1)
-  if redis.call('HEXISTS', TURNS, tenant) == 0 then take_turn(tenant) end
+  ensure_turn(tenant)
   return arrival
 end
 
@@ -702,7 +707,7 @@ if flags.heartbeat then
     if redis.call('ZADD', LEASES, 'XX', 'CH', now + ttl, id) == 0
         and not redis.call('ZSCORE', LEASES, id) then
       -- after Redis lost the pool its holders have no turn: one from now
-      if redis.call('HEXISTS', TURNS, tenant) == 0 then take_turn(tenant) end
+      ensure_turn(tenant)
       add_lease(id, tenant, seats, pod)
       reasserted = reasserted + 1
     end
