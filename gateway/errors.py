@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from gateway.core.reasons import RejectReason
+from gateway.core.reasons import TENANT_REASONS, RejectReason
 
 __all__ = [
     "BadRequest",
@@ -114,6 +114,8 @@ _REJECT_MESSAGES: dict[str, str] = {
     "over_capacity": "no seat is free and the overflow policy does not queue; retry later",
     "no_wait": "no seat is free and background requests do not wait; retry later",
     "tenant_limit": "this tenant has as many requests in flight as it may; retry later",
+    "requests_per_minute": "this tenant has used its requests for this minute; retry later",
+    "tokens_per_minute": "this tenant has used its tokens for this minute; retry later",
     "evicted": "this request was dropped from the queue to make room; retry later",
     "queue_timeout": "no seat became free in time; retry later",
     "unavailable": (
@@ -138,8 +140,8 @@ class Rejected(OblethError):
 
     @property
     def status(self) -> int:
-        """429 when the tenant is over its own cap, 503 when the service is full."""
-        return 429 if self.reason == "tenant_limit" else 503
+        """429 when the tenant is over its own cap or rate, 503 when the service is full."""
+        return 429 if self.reason in TENANT_REASONS else 503
 
 
 class Unroutable(OblethError):

@@ -21,6 +21,7 @@ from gateway.errors import PluginError
 from gateway.faults import PASSED_ON, stops_the_caller
 from gateway.plugins import Plugins
 from gateway.protocols import CapacityProvider, CounterBackend, OverflowPolicy, Snapshot
+from gateway.rates.budgets import RateBudgets, rates_for
 from gateway.routing.fleet import Fleet
 from gateway.routing.inflight import InFlight
 from gateway.routing.readings import Readings
@@ -113,6 +114,8 @@ class Gateway:
             self.settings, self.capacity, self.policy, self.pool_capacity
         )
         self.capacity.subscribe(self.backend.limit_changed)
+        #: the tenants' rate budgets, kept where the seats are; None when none is set
+        self.rates: RateBudgets | None = rates_for(self.settings, self.backend)
         self.scheduler = Scheduler(self.backend, self.settings)
         #: how requests ended (the request path counts, the metrics read)
         self.tallies = RequestTallies(self.settings.telemetry_tenants)

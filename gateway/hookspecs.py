@@ -124,8 +124,8 @@ def obleth_request_routed(
 @hookspec
 def obleth_request_rejected(request: RequestInfo, reason: str) -> None:
     """Observe a request answered 503/429 with ``reason`` (``queue_full``,
-    ``queue_timeout``, ``evicted``, ``no_wait``, ``tenant_limit``, ``over_capacity``,
-    ``unavailable``).
+    ``queue_timeout``, ``evicted``, ``no_wait``, ``tenant_limit``, ``requests_per_minute``,
+    ``tokens_per_minute``, ``over_capacity``, ``unavailable``).
 
     Called on the request path; no I/O.
     """

@@ -28,6 +28,9 @@ def test_environment_variables_configure_every_setting_kind() -> None:
             "OBLETH_QUEUE_TIMEOUT_S": "2.5",
             "OBLETH_TENANT_WEIGHTS": "gold:4,free:1",
             "OBLETH_TENANT_MAX_IN_FLIGHT": "free:3,*:10",
+            "OBLETH_TENANT_RPM": "free:60,*:600",
+            "OBLETH_TENANT_TPM": "5000",
+            "OBLETH_DEFAULT_MAX_TOKENS": "128",
             "OBLETH_TRUST_PRIORITY_HEADER": "true",
             "OBLETH_EXEMPT_PATHS": "/healthz,/admin/",
             "OBLETH_TENANT_HEADER": "X-Tenant",
@@ -38,6 +41,8 @@ def test_environment_variables_configure_every_setting_kind() -> None:
     assert settings.queue_timeout_s == 2.5
     assert dict(settings.tenant_weights) == {"gold": 4.0, "free": 1.0}
     assert dict(settings.tenant_max_in_flight) == {"free": 3, "*": 10}  # type: ignore[arg-type]
+    assert dict(settings.tenant_rpm) == {"free": 60, "*": 600}  # type: ignore[arg-type]
+    assert settings.tenant_tpm == 5000 and settings.default_max_tokens == 128
     assert settings.trust_priority_header is True
     assert settings.exempt_paths == ("/healthz", "/admin")
     assert settings.tenant_header == "x-tenant"
@@ -135,6 +140,9 @@ def test_every_setting_has_an_environment_variable() -> None:
         ),
         ({"OBLETH_TENANT_MAX_IN_FLIGHT": "free:0"}, "OBLETH_TENANT_MAX_IN_FLIGHT=", "free: cap 0"),
         ({"OBLETH_TENANT_MAX_IN_FLIGHT": "x"}, "OBLETH_TENANT_MAX_IN_FLIGHT='x'", "free:4,*:16"),
+        ({"OBLETH_TENANT_RPM": "free:0"}, "OBLETH_TENANT_RPM=", "free: cap 0"),
+        ({"OBLETH_TENANT_TPM": "lots"}, "OBLETH_TENANT_TPM='lots'", "free:4,*:16"),
+        ({"OBLETH_DEFAULT_MAX_TOKENS": "-1"}, "OBLETH_DEFAULT_MAX_TOKENS=", "at least 0"),
         ({"OBLETH_DEFAULT_TENANT_WEIGHT": "x"}, "OBLETH_DEFAULT_TENANT_WEIGHT='x'", "a weight"),
         ({"OBLETH_ROUTING_LOAD_BOUND": "x"}, "OBLETH_ROUTING_LOAD_BOUND='x'", "a number, e.g."),
         ({"OBLETH_EXEMPT_PATHS": "/a,/a/"}, "OBLETH_EXEMPT_PATHS=", "listed twice"),
@@ -271,6 +279,8 @@ def test_a_misspelt_variable_that_may_hold_a_secret_is_named_without_its_value(
         ({"tenant_max_in_flight": {"free": 0}}, "tenant_max_in_flight=", "free: cap 0"),
         ({"tenant_max_in_flight": {" ": 2}}, "tenant_max_in_flight=", "' ' is not a name"),
         ({"tenant_max_in_flight": {"a": 2, "a ": 3}}, "tenant_max_in_flight=", "given twice"),
+        ({"tenant_rpm": 0}, "tenant_rpm=0", "at least 1"),
+        ({"tenant_tpm": {"free": 1.5}}, "tenant_tpm=", "free: cap 1.5"),
         ({"max_queue": -1}, "max_queue=-1", "at least 0"),
         ({"capacity_providers": []}, "capacity_providers=[]", "at least one"),
         ({"tenant_header": "bad header"}, "tenant_header='bad header'", "header name"),

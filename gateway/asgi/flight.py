@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from gateway.asgi.body import (
@@ -25,7 +24,7 @@ from gateway.asgi.body import (
     expects_continue,
     has_json_body,
 )
-from gateway.asgi.plan import FlightPlan, Record, keep_record, naming_upstream, routed_keys
+from gateway.asgi.plan import FlightPlan, keep_record, naming_upstream, record_of, routed_keys
 from gateway.asgi.responses import answer_not_started, send_bad_request, send_rejection
 from gateway.core.tickets import Ticket
 from gateway.core.tickets import ticket as make_ticket
@@ -60,6 +59,7 @@ class Flight:
         "permit",
         "plan",
         "receive",
+        "reserved",
         "scope",
         "seats",
         "send",
@@ -82,6 +82,9 @@ class Flight:
         self.seats: FreeSeats | None = None
         self.permit: Permit | None = None
         self.decision: Decision | None = None
+        #: the tokens reserved from the tenant's rate budgets, until the request runs or
+        #: they are refunded; None when nothing was reserved
+        self.reserved: int | None = None
         #: the admission span, while the process traces and the gate has not answered
         self.span: Span | None = None
         #: the status of the response the app began through ``send`` (``_send``); 0 before
@@ -123,6 +126,8 @@ class Flight:
             else:
                 self._refused(tallies.ABANDONED, unclassified=True)
             return
+        if plan.rates is not None and not await self._reserve(payload):
+            return
         # a free seat is taken without a Permit: _land gives it back
         seats = plan.free_seats
         if seats is not None and seats.take(self.ticket):
@@ -138,7 +143,7 @@ class Flight:
         outcome: str | None = tallies.ERROR
         try:
             if plan.reader is None:
-                self._record()
+                keep_record(self.scope, plan.admitted_record(self.ticket, self.permit))
             elif not await self._route(payload):
                 outcome = None  # counted as unroutable
                 return
@@ -220,12 +225,11 @@ class Flight:
         try:
             permit = await plan.scheduler.acquire(self.ticket, disconnected=watch)
         except Rejected as exc:
-            self._refused(tallies.REJECTED, exc.reason, waited_s=time.monotonic() - asked)
-            if plan.observes:
-                plan.plugins.rejected(self._info(), exc.reason)
-            await send_rejection(self.send, exc)
+            self._refund()
+            await self._reject(exc, waited_s=time.monotonic() - asked)
             return False
         except BaseException as exc:  # the client left, or the server cancelled the request
+            self._refund()
             self._refused(tallies.ABANDONED, waited_s=time.monotonic() - asked)
             if isinstance(exc, Disconnected):
                 return False
@@ -240,19 +244,36 @@ class Flight:
             plan.plugins.admitted(self._info(), permit.waited_s)
         return True
 
-    def _record(self, record: Record | None = None) -> None:
-        """Put the request's record in the scope, ``scope["state"]["obleth"]``: ``record``
-        (a routed request's), else the one of a request admitted at once (shared by every
-        such request of its ticket) or after a wait."""
-        if record is None:
-            permit = self.permit
-            if permit is not None:
-                record = _record_of(self.ticket, permit.waited_s)
-            else:
-                record = self.plan.records.get(self.ticket)
-                if record is None:
-                    record = self.plan.records.keep(self.ticket, _record_of(self.ticket, 0.0))
-        keep_record(self.scope, record)
+    async def _reserve(self, payload: bytes | None) -> bool:
+        """Take the request's share of its tenant's rate budgets: one request, and the
+        tokens estimated from ``payload``; False when it is over a budget and was answered
+        429 (503 while the budgets cannot be reached under ``closed``)."""
+        plan = self.plan
+        assert plan.rates is not None
+        tokens = 0 if plan.tokens_of is None else plan.tokens_of(payload)
+        try:
+            refused = await plan.rates.reserve(self.ticket.tenant, tokens)
+        except Rejected as exc:
+            refused = exc
+        if refused is not None:
+            await self._reject(refused)
+            return False
+        self.reserved = tokens
+        return True
+
+    def _refund(self) -> None:
+        """Give back what ``_reserve`` took: the request was refused or abandoned before it
+        ran."""
+        if self.reserved is not None and self.plan.rates is not None:
+            self.plan.rates.refund(self.ticket.tenant, self.reserved)
+        self.reserved = None
+
+    async def _reject(self, exc: Rejected, *, waited_s: float | None = None) -> None:
+        """Answer a request the gateway refused (429/503), counted and observed."""
+        self._refused(tallies.REJECTED, exc.reason, waited_s=waited_s)
+        if self.plan.observes:
+            self.plan.plugins.rejected(self._info(), exc.reason)
+        await send_rejection(self.send, exc)
 
     async def _route(self, payload: bytes | None) -> bool:
         """Choose the upstream and put the choice in the record; False when no upstream
@@ -267,13 +288,14 @@ class Flight:
         try:
             decision = self.decision = plan.router.route(request)
         except Unroutable as exc:
+            self._refund()
             self._refused(tallies.UNROUTABLE, exc.code)
             await plan.answer_unroutable(self.send, exc)
             return False
         if plan.plugins.observes_routing:
             plan.plugins.routed(self._info(), decision.upstream, decision.scores)
         waited_s = 0.0 if self.permit is None else self.permit.waited_s
-        self._record(_record_of(self.ticket, waited_s, **routed_keys(decision)))
+        keep_record(self.scope, record_of(self.ticket, waited_s, **routed_keys(decision)))
         return True
 
     def _send(self, message: Message) -> Awaitable[None]:
@@ -375,9 +397,3 @@ class Flight:
     def _info(self) -> RequestInfo:
         scope = self.scope
         return RequestInfo(self.ticket.tenant, self.ticket.priority, scope["method"], scope["path"])
-
-
-def _record_of(ticket: Ticket, waited_s: float, **routing: object) -> Record:
-    """What the app can read about its admitted request, in ``scope["state"]["obleth"]``."""
-    record = {"tenant": ticket.tenant, "priority": ticket.priority, "waited_s": waited_s}
-    return MappingProxyType(record | routing)

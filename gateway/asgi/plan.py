@@ -4,8 +4,10 @@ the middleware is built: the gateway's parts and the settings the request path r
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 
 from gateway.asgi.responses import send_json_error
 from gateway.complaints import Complaints
@@ -14,7 +16,8 @@ from gateway.core.tickets import PRIORITIES, Ticket, ticket
 from gateway.errors import BadRequest, Unroutable
 from gateway.faults import PASSED_ON
 from gateway.gateway import Gateway
-from gateway.protocols import Classification
+from gateway.protocols import Classification, Permit
+from gateway.rates.estimate import estimate_tokens
 from gateway.routing.request import RequestReader
 from gateway.routing.router import Decision
 from gateway.types import ASGIApp, Message, Scope, Send
@@ -34,6 +37,13 @@ def keep_record(scope: Scope, record: Record) -> None:
         scope["state"]["obleth"] = record
     except (KeyError, TypeError):  # the server gave no state, or None
         scope["state"] = {"obleth": record}
+
+
+def record_of(ticket: Ticket, waited_s: float, **routing: object) -> Record:
+    """What the app can read about its admitted request, in ``scope["state"]["obleth"]``;
+    ``routing``: a routed request's ``routed_keys``."""
+    record = {"tenant": ticket.tenant, "priority": ticket.priority, "waited_s": waited_s}
+    return MappingProxyType(record | routing)
 
 
 def naming_upstream(start: Message, decision: Decision) -> Message:
@@ -67,6 +77,7 @@ class FlightPlan:
         "names_upstream",
         "observes",
         "plugins",
+        "rates",
         "reader",
         "reads_body",
         "records",
@@ -75,6 +86,7 @@ class FlightPlan:
         "router",
         "scheduler",
         "tallies",
+        "tokens_of",
         "wait_attributes",
     )
 
@@ -110,7 +122,15 @@ class FlightPlan:
         )
         self.header_ticket = plugins.header_ticket
         self.observes = plugins.observes
-        self.reads_body = plugins.wants_body or router is not None
+        #: the tenants' rate budgets (None when no tenant has one), and what a request
+        #: reserves of tokens, from its JSON body (None when no budget counts tokens)
+        self.rates = rates = gateway.rates
+        self.tokens_of: Callable[[bytes | None], int] | None = None
+        if rates is not None and rates.rules.counts_tokens:
+            self.tokens_of = functools.partial(
+                estimate_tokens, default_max_tokens=config.default_max_tokens
+            )
+        self.reads_body = plugins.wants_body or router is not None or self.tokens_of is not None
         self.max_body = config.max_body_bytes
         self.default = Classification(config.default_tenant, config.default_priority)
         #: the default class's ticket (tickets are immutable: one serves every request)
@@ -132,6 +152,16 @@ class FlightPlan:
         #: tells the providers that follow time to first byte each admitted request's;
         #: None when no provider does, and then a request pays nothing for it
         self.first_byte = FirstByteFeed.of(gateway, complaints)
+
+    def admitted_record(self, ticket: Ticket, permit: Permit | None) -> Record:
+        """The record of a request admitted without routing: its own when it waited for
+        ``permit``, else the one every such request of its ticket shares."""
+        if permit is not None:
+            return record_of(ticket, permit.waited_s)
+        record = self.records.get(ticket)
+        if record is None:
+            record = self.records.keep(ticket, record_of(ticket, 0.0))
+        return record
 
     def ticket_of_refused(self, headers: Iterable[tuple[bytes, bytes]]) -> Ticket | None:
         """The ticket of a request refused before it was classified (a body over

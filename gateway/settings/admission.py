@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gateway.core.rates import RateRules
 from gateway.core.tickets import Priority
 from gateway.settings import checks, parsers
 from gateway.settings.declared import Declared, setting
@@ -86,6 +87,33 @@ class AdmissionSettings(Declared):
         "requests; over it, `429 tenant_limit`.",
         parse=parsers.env_caps,
         check=checks.check_caps,
+    )
+    tenant_rpm: int | Mapping[str, int] | None = setting(
+        None,
+        doc="Requests per minute a tenant may start: one number for every tenant, or "
+        "`free:60,*:600` (`*` for the rest). A tenant may spend its minute at once, then "
+        "earns one back every `60 / N` seconds; over it, `429 requests_per_minute` with the "
+        "wait in `Retry-After`. Reserved before admission, returned when the gate then "
+        "refuses the request. See [rate budgets](#rate-budgets).",
+        parse=parsers.env_caps,
+        check=checks.check_caps,
+    )
+    tenant_tpm: int | Mapping[str, int] | None = setting(
+        None,
+        doc="Tokens per minute a tenant may reserve, in the form of `tenant_rpm`. A "
+        "request's tokens are estimated before admission from its JSON body (prompt bytes "
+        "/ 4, plus `max_tokens` or `default_max_tokens`, times `n`); over the budget, "
+        "`429 tokens_per_minute`. See [rate budgets](#rate-budgets).",
+        parse=parsers.env_caps,
+        check=checks.check_caps,
+    )
+    default_max_tokens: int = setting(
+        256,
+        doc="Tokens a request that states no `max_tokens` (nor `max_completion_tokens`) is "
+        "expected to generate, for the estimate `tenant_tpm` reserves. Whole number from 0 "
+        "to 10^9.",
+        parse=parsers.env_int,
+        check=checks.check_int(0, checks.MAX_COUNT),
     )
     default_tenant: str = setting(
         "anonymous",
@@ -163,8 +191,18 @@ class AdmissionSettings(Declared):
 
     def tenant_caps(self) -> tuple[dict[str, int], int | None]:
         """``tenant_max_in_flight`` split into the named tenants' caps and everyone else's."""
-        caps = self.tenant_max_in_flight
-        if caps is None or isinstance(caps, int):
-            return {}, caps
-        named = dict(caps)
-        return named, named.pop("*", None)
+        return _split(self.tenant_max_in_flight)
+
+    def rate_rules(self) -> RateRules:
+        """``tenant_rpm`` and ``tenant_tpm``, each split as ``tenant_caps`` splits caps."""
+        rpm, default_rpm = _split(self.tenant_rpm)
+        tpm, default_tpm = _split(self.tenant_tpm)
+        return RateRules(rpm, default_rpm, tpm, default_tpm)
+
+
+def _split(caps: int | Mapping[str, int] | None) -> tuple[dict[str, int], int | None]:
+    """Per-tenant numbers split into the named tenants' and everyone else's (``*``)."""
+    if caps is None or isinstance(caps, int):
+        return {}, caps
+    named = dict(caps)
+    return named, named.pop("*", None)

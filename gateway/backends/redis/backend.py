@@ -36,9 +36,11 @@ from gateway.backends.redis.leadership import Leadership
 from gateway.backends.redis.leases import Leases
 from gateway.backends.redis.pod import PodState, PoolView, fail
 from gateway.backends.redis.pool_capacity import PoolCapacity
+from gateway.backends.redis.rates import SharedRates
 from gateway.backends.redis.script import StepScript
 from gateway.backends.redis.wire import Batch
 from gateway.core.admission import OverflowAction
+from gateway.core.rates import RateRules
 from gateway.core.tickets import NO_WAIT_RANK, Ticket
 from gateway.protocols import OverflowPolicy, Pending, Permit, Snapshot, TenantState
 from gateway.settings import Settings
@@ -144,6 +146,11 @@ class RedisBackend:
         if not self._client_given:
             with contextlib.suppress(Exception):
                 await self._client.aclose()
+
+    def shared_rates(self, rules: RateRules) -> SharedRates:
+        """The tenants' rate budgets, kept in this pool's Redis beside its seats (the
+        gateway asks for them when ``tenant_rpm`` or ``tenant_tpm`` is set)."""
+        return SharedRates(self._client, self._state, rules)
 
     # -- the counter backend Protocol -----------------------------------------------------
 

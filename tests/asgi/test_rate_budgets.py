@@ -1,0 +1,129 @@
+"""``tenant_rpm`` and ``tenant_tpm`` through the middleware, in one process: a tenant over
+a budget gets 429 with the wait in ``Retry-After`` and a JSON error naming the budget; the
+token estimate comes from the body; a request the gate then refuses gives its reservation
+back; other tenants are not touched."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from gateway import GatewayMiddleware, Settings
+from gateway.loopback import serve_in_task
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())  # type: ignore[arg-type]
+
+
+async def completion(request: Request) -> JSONResponse:
+    await request.body()
+    if request.headers.get("x-hold"):
+        request.app.state.entered.set()
+        await request.app.state.hold.wait()
+    return JSONResponse({"ok": True})
+
+
+def app() -> Starlette:
+    made = Starlette(routes=[Route("/v1/completions", completion, methods=["POST"])])
+    made.state.hold = asyncio.Event()
+    made.state.entered = asyncio.Event()
+    return made
+
+
+def post(http: httpx.AsyncClient, url: str, tenant: str, **body: Any) -> Awaitable[httpx.Response]:
+    return http.post(
+        f"{url}/v1/completions", headers={"x-tenant": tenant}, content=json.dumps(body)
+    )
+
+
+def test_a_tenant_over_its_requests_per_minute_gets_429_with_the_wait() -> None:
+    async def scenario() -> None:
+        settings = Settings(tenant_header="x-tenant", tenant_rpm={"free": 3, "*": 100})
+        gw = GatewayMiddleware(app(), settings)
+        async with serve_in_task(gw) as server, httpx.AsyncClient(trust_env=False) as http:
+            answers = [await post(http, server.url, "free", prompt="hi") for _ in range(4)]
+            others = [await post(http, server.url, "gold", prompt="hi") for _ in range(4)]
+        assert [a.status_code for a in answers] == [200, 200, 200, 429]
+        assert [a.status_code for a in others] == [200] * 4
+        refused = answers[-1]
+        # one request comes back every 20 s: the wait is about that, in whole seconds
+        assert 19 <= int(refused.headers["retry-after"]) <= 20
+        error = refused.json()["error"]
+        assert error["code"] == "requests_per_minute"
+        assert "3 requests per minute" in error["message"] and "tenant_rpm" in error["message"]
+        totals = gw.gateway.tallies.totals()
+        assert totals[("free", "standard", "rejected", "requests_per_minute")] == 1
+
+    run(scenario)
+
+
+def test_tokens_are_reserved_from_the_body_s_estimate() -> None:
+    async def scenario() -> None:
+        settings = Settings(tenant_header="x-tenant", tenant_tpm=1000)
+        gw = GatewayMiddleware(app(), settings)
+        async with serve_in_task(gw) as server, httpx.AsyncClient(trust_env=False) as http:
+            # 400 bytes of prompt (100 tokens) + 300 generated: 400 each
+            small = [
+                await post(http, server.url, "a", prompt="x" * 400, max_tokens=300)
+                for _ in range(3)
+            ]
+            # a request bigger than the whole minute is told so, not to wait
+            huge = await post(http, server.url, "b", prompt="", max_tokens=5000)
+            # without max_tokens, default_max_tokens (256) is what it may generate
+            unstated = [await post(http, server.url, "c", prompt="") for _ in range(4)]
+        assert [a.status_code for a in small] == [200, 200, 429]
+        assert small[2].json()["error"]["code"] == "tokens_per_minute"
+        assert huge.status_code == 429
+        assert "estimated at 5000 tokens" in huge.json()["error"]["message"]
+        assert [a.status_code for a in unstated] == [200, 200, 200, 429]
+
+    run(scenario)
+
+
+def test_a_request_the_gate_refuses_gives_its_reservation_back() -> None:
+    """Under ``reject`` with the only seat taken, a request is refused 503: it never ran,
+    so it must not cost its tenant a request of its minute."""
+
+    async def scenario() -> None:
+        settings = Settings(
+            tenant_header="x-tenant",
+            tenant_rpm=2,
+            global_max_in_flight=1,
+            overflow_policy="reject",
+        )
+        made = app()
+        gw = GatewayMiddleware(made, settings)
+        async with serve_in_task(gw) as server, httpx.AsyncClient(trust_env=False) as http:
+            held = asyncio.create_task(
+                http.post(f"{server.url}/v1/completions", headers={"x-tenant": "a", "x-hold": "1"})
+            )
+            await asyncio.wait_for(made.state.entered.wait(), 5)
+            refused = [await post(http, server.url, "a") for _ in range(3)]
+            made.state.hold.set()
+            assert (await held).status_code == 200
+            after = [await post(http, server.url, "a") for _ in range(2)]
+        assert [a.status_code for a in refused] == [503] * 3
+        assert [a.json()["error"]["code"] for a in refused] == ["over_capacity"] * 3
+        # the held request took one of the two; the refused ones took none
+        assert [a.status_code for a in after] == [200, 429]
+
+    run(scenario)
+
+
+def test_without_budgets_no_body_is_read_for_them() -> None:
+    """Budgets cost nothing when none is set: the request path reserves nothing and the
+    body streams to the app (no router, no classifier that reads bodies)."""
+    gw = GatewayMiddleware(app(), Settings())
+    assert gw.gateway.rates is None
+    assert gw._plan is not None and not gw._plan.reads_body
+    rpm_only = GatewayMiddleware(app(), Settings(tenant_rpm=5))
+    assert rpm_only._plan is not None and not rpm_only._plan.reads_body
