@@ -190,6 +190,10 @@ class Snapshot:
     queued: int
     max_queue: int
     tenants: Mapping[str, TenantState] = field(default_factory=dict)
+    #: with ``global_max_tokens_in_flight``: the token estimates of the requests in flight
+    #: and the budget; None otherwise
+    tokens_inflight: int | None = None
+    max_tokens: int | None = None
 
     def queued_by_priority(self) -> dict[str, int]:
         """Requests waiting in each priority class, every class listed (0 when none)."""

@@ -135,6 +135,15 @@ def status() -> Schema:
                 "The limit and where it comes from.",
             ),
             "in_flight": integer("Seats held."),
+            "tokens_in_flight": {
+                "description": "The token estimates of the requests in flight; null without "
+                "`global_max_tokens_in_flight`.",
+                "anyOf": [{"type": "integer"}, {"type": "null"}],
+            },
+            "max_tokens_in_flight": {
+                "description": "`global_max_tokens_in_flight`; null when unset.",
+                "anyOf": [{"type": "integer"}, {"type": "null"}],
+            },
             "queued": integer("Requests waiting in the fair queue."),
             "max_queue": integer("The fair queue's bound."),
             "queued_by_class": by_class,

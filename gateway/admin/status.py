@@ -29,6 +29,8 @@ def status(gateway: Gateway) -> dict[str, Any]:
             "computed": _computed(gateway),
         },
         "in_flight": snapshot.inflight,
+        "tokens_in_flight": snapshot.tokens_inflight,
+        "max_tokens_in_flight": snapshot.max_tokens,
         "queued": snapshot.queued,
         "max_queue": snapshot.max_queue,
         "queued_by_class": snapshot.queued_by_priority(),

@@ -126,7 +126,10 @@ class Flight:
             else:
                 self._refused(tallies.ABANDONED, unclassified=True)
             return
-        if plan.rates is not None and not await self._reserve(payload):
+        tokens = 0 if plan.tokens_of is None else plan.tokens_of(payload)
+        if plan.gate_tokens:
+            self.ticket = self.ticket._replace(tokens=tokens)
+        if plan.rates is not None and not await self._reserve(tokens):
             return
         # a free seat is taken without a Permit: _land gives it back
         seats = plan.free_seats
@@ -244,13 +247,12 @@ class Flight:
             plan.plugins.admitted(self._info(), permit.waited_s)
         return True
 
-    async def _reserve(self, payload: bytes | None) -> bool:
-        """Take the request's share of its tenant's rate budgets: one request, and the
-        tokens estimated from ``payload``; False when it is over a budget and was answered
-        429 (503 while the budgets cannot be reached under ``closed``)."""
+    async def _reserve(self, tokens: int) -> bool:
+        """Take the request's share of its tenant's rate budgets: one request, and its
+        estimated ``tokens``; False when it is over a budget and was answered 429 (503
+        while the budgets cannot be reached under ``closed``)."""
         plan = self.plan
         assert plan.rates is not None
-        tokens = 0 if plan.tokens_of is None else plan.tokens_of(payload)
         try:
             refused = await plan.rates.reserve(self.ticket.tenant, tokens)
         except Rejected as exc:
@@ -262,8 +264,7 @@ class Flight:
         return True
 
     def _refund(self) -> None:
-        """Give back what ``_reserve`` took: the request was refused or abandoned before it
-        ran."""
+        """Give back what ``_reserve`` took: the request was refused, or left, unserved."""
         if self.reserved is not None and self.plan.rates is not None:
             self.plan.rates.refund(self.ticket.tenant, self.reserved)
         self.reserved = None

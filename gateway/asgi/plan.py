@@ -71,6 +71,7 @@ class FlightPlan:
         "default_ticket",
         "first_byte",
         "free_seats",
+        "gate_tokens",
         "gateway",
         "header_ticket",
         "max_body",
@@ -126,7 +127,12 @@ class FlightPlan:
         #: reserves of tokens, from its JSON body (None when no budget counts tokens)
         self.rates = rates = gateway.rates
         self.tokens_of: Callable[[bytes | None], int] | None = None
-        if rates is not None and rates.rules.counts_tokens:
+        #: whether the gate counts tokens (a token budget, or fair by tokens): the ticket
+        #: then carries the request's estimate
+        self.gate_tokens = (
+            config.global_max_tokens_in_flight is not None or config.fairness_cost == "tokens"
+        )
+        if self.gate_tokens or (rates is not None and rates.rules.counts_tokens):
             self.tokens_of = functools.partial(
                 estimate_tokens, default_max_tokens=config.default_max_tokens
             )
@@ -158,6 +164,8 @@ class FlightPlan:
         ``permit``, else the one every such request of its ticket shares."""
         if permit is not None:
             return record_of(ticket, permit.waited_s)
+        if ticket.tokens:  # one record per class, whatever the estimate
+            ticket = ticket._replace(tokens=0)
         record = self.records.get(ticket)
         if record is None:
             record = self.records.keep(ticket, record_of(ticket, 0.0))

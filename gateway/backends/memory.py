@@ -133,6 +133,8 @@ class MemoryBackend:
             queued=queue.queued,
             max_queue=queue.max_queue,
             tenants=tenants,
+            tokens_inflight=queue.tokens_inflight if queue.max_tokens is not None else None,
+            max_tokens=queue.max_tokens,
         )
 
     def _shared_budget_message(self, others: tuple[int, ...]) -> str:
@@ -201,12 +203,16 @@ class LocalSeats(FairQueue):
             return False
         if self.capped and self.over_cap(ticket):
             return False
+        counts_tokens = self.counts_tokens
+        if counts_tokens and not self.fits(ticket, limit):
+            return False
         # grant(ticket), written out: this runs on every request
         self.inflight = inflight
         held = self._tenant_inflight
         held[tenant] = held.get(tenant, 0) + seats
-        self._turn += 1
-        self._turns[tenant] = self._turn
+        if counts_tokens:
+            self._count_tokens(ticket, 1)
+        self._turns.take(tenant)
         self.taken += 1
         return True
 
@@ -233,6 +239,8 @@ def _queue_options(settings: Settings) -> dict[str, Any]:
         "default_weight": settings.default_tenant_weight,
         "tenant_caps": per_tenant,
         "default_cap": default_cap,
+        "max_tokens": settings.global_max_tokens_in_flight,
+        "fair_by_tokens": settings.fairness_cost == "tokens",
     }
 
 

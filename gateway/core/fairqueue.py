@@ -1,15 +1,18 @@
 """The fair queue: seats in flight and waiting requests, per tenant and priority class.
 
-Dispatch is weighted max-min fairness in seats held: among the tenants waiting in the most
-urgent non-empty class, the next seat goes to the one with the smallest
+Dispatch is weighted max-min fairness in seats held (in tokens, with ``fair_by_tokens``:
+each ticket's estimate): among the tenants waiting in the most urgent non-empty class, the
+next seat goes to the one with the smallest
 ``(seats in flight + head's seats) / weight``, ties to the tenant whose turn is oldest: its
-last grant, or its first request when it has had none. Ties are common (with more tenants
-than seats, most hold none), and going by the oldest head instead gave a tenant whose
-requests arrived early seat after seat while tenants whose heads kept timing out and
-arriving anew got almost none. A tenant keeps its turn while idle (its only request timed
-out, say, and it sends another), for the last ``IDLE_TURNS`` tenants to go idle. No
+last grant, or its first request when it has had none (``turns.py``). Ties are common
+(with more tenants than seats, most hold none), and going by the oldest head instead gave
+a tenant whose requests arrived early seat after seat while tenants whose heads kept
+timing out and arriving anew got almost none. No
 banked credit (an idle tenant cannot burst past its share later), no estimate of request
 duration, FIFO within a tenant, and no skipping past the chosen head when it does not fit.
+A head fits when its seats fit under the limit and, with ``max_tokens``, its tokens under
+that budget (one estimated above the whole budget fits once no tokens are in flight: it
+runs alone rather than never).
 
 Each class keeps a heap of its waiting tenants by that dispatch key and, once a policy
 has asked for an eviction victim, a second one by load (``(seats in flight + queued) /
@@ -27,19 +30,16 @@ eviction, snapshots) counts its requests in the lobby too.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from gateway.core.lobby import Lobby
 from gateway.core.tenantheap import TenantHeap
 from gateway.core.tickets import PRIORITIES, Ticket
+from gateway.core.turns import Turns
 
 _RANKS = range(len(PRIORITIES))
-
-#: How many idle tenants keep their turn (step.lua's ``IDLE_TURNS`` is the same); one
-#: that went idle longer ago gets a new turn, behind every other, when it comes back.
-IDLE_TURNS = 10_000
 
 
 @dataclass(slots=True, eq=False)
@@ -68,8 +68,17 @@ class FairQueue:
         tenant_caps: Mapping[str, int] | None = None,
         default_weight: float = 1.0,
         default_cap: int | None = None,
+        max_tokens: int | None = None,
+        fair_by_tokens: bool = False,
     ) -> None:
         self.max_queue = max_queue
+        #: the budget of tokens in flight (None: none), and the tokens in flight
+        self.max_tokens = max_tokens
+        self.tokens_inflight = 0
+        #: whether tickets' tokens are counted at all (else grants skip them)
+        self.counts_tokens = max_tokens is not None or fair_by_tokens
+        self._fair_by_tokens = fair_by_tokens
+        self._tenant_tokens: dict[str, int] = {}
         # how many may wait in the queue before a "wait" request goes to the lobby: with
         # max_queue = 0 one still waits at the head (a hand-off, as on a channel without a
         # buffer), else a request under block could never reach a seat
@@ -93,12 +102,8 @@ class FairQueue:
         #: by load, for eviction; None until the first eviction asks (most policies never do)
         self._heavy: list[TenantHeap] | None = None
         self._next_order = 0
-        #: each tenant's turn for ties: the order of its last grant, or of its first
-        #: request when it has had none; kept for the last ``IDLE_TURNS`` to go idle
-        self._turns: dict[str, int] = {}
-        self._turn = 0
-        #: tenants by when they last went idle (some may be active again since)
-        self._idle: OrderedDict[str, None] = OrderedDict()
+        #: each tenant's turn for ties
+        self._turns = Turns()
 
     # -- what policies and snapshots may read -------------------------------------------
 
@@ -146,8 +151,15 @@ class FairQueue:
 
     # -- mutations ------------------------------------------------------------------------
 
+    def fits(self, ticket: Ticket, limit: int) -> bool:
+        """Whether ``ticket``'s seats fit under ``limit`` and its tokens under ``max_tokens``."""
+        if self.inflight + ticket.seats > limit:
+            return False
+        budget, held = self.max_tokens, self.tokens_inflight
+        return budget is None or not held or held + ticket.tokens <= budget
+
     def can_grant_now(self, ticket: Ticket, limit: int) -> bool:
-        return self.inflight + ticket.seats <= limit and not self.waiting_at_or_above(ticket.rank)
+        return self.fits(ticket, limit) and not self.waiting_at_or_above(ticket.rank)
 
     def over_cap(self, ticket: Ticket) -> bool:
         """A tenant's cap counts its seats in flight and its queued seats."""
@@ -165,7 +177,9 @@ class FairQueue:
         self.inflight += seats
         held = self._tenant_inflight
         held[tenant] = held.get(tenant, 0) + seats
-        self._take_turn(tenant)
+        if self.counts_tokens:
+            self._count_tokens(ticket, 1)
+        self._turns.take(tenant)
         if self.queued:  # with nobody waiting there are no keys to update
             self._rekey(tenant)
 
@@ -173,6 +187,8 @@ class FairQueue:
         """Give back the seats of a granted ticket; the caller then dispatches."""
         tenant, seats = ticket.tenant, ticket.seats
         self.inflight -= seats
+        if self.counts_tokens:
+            self._count_tokens(ticket, -1)
         held = self._tenant_inflight
         left = held[tenant] - seats
         if left:
@@ -180,7 +196,7 @@ class FairQueue:
         else:
             del held[tenant]
             if tenant not in self._tenant_queued:
-                self._went_idle(tenant)
+                self._turns.went_idle(tenant, self._active)
         if self.queued:
             self._rekey(tenant)
 
@@ -236,7 +252,7 @@ class FairQueue:
             tenant = top[1]
             queue = self._queues[rank][tenant]
             head = queue[0]
-            if self.inflight + head.ticket.seats > limit:
+            if not self.fits(head.ticket, limit):
                 return None
             queue.popleft()
             head.alive = False
@@ -245,7 +261,9 @@ class FairQueue:
             self.inflight += head.ticket.seats
             held = self._tenant_inflight
             held[tenant] = held.get(tenant, 0) + head.ticket.seats
-            self._take_turn(tenant)
+            if self.counts_tokens:
+                self._count_tokens(head.ticket, 1)
+            self._turns.take(tenant)
             self._rekey(tenant)
             if self.lobby:
                 self._fill_from_lobby()
@@ -284,8 +302,8 @@ class FairQueue:
         self._next_order += 1
         tenant = ticket.tenant
         self._tenant_queued[tenant] = self._tenant_queued.get(tenant, 0) + 1
-        if tenant not in self._turns:  # its first request, or idle for long
-            self._take_turn(tenant)
+        if tenant not in self._turns.of:  # its first request, or idle for long
+            self._turns.take(tenant)
         return waiter
 
     def _file(self, waiter: Waiter) -> None:
@@ -326,24 +344,22 @@ class FairQueue:
         else:
             del self._tenant_queued[tenant]
             if tenant not in self._tenant_inflight:
-                self._went_idle(tenant)
+                self._turns.went_idle(tenant, self._active)
 
-    def _take_turn(self, tenant: str) -> None:
-        """``tenant`` goes behind every other tenant that ties with it."""
-        self._turn += 1
-        self._turns[tenant] = self._turn
+    def _count_tokens(self, ticket: Ticket, sign: int) -> None:
+        """Count a ticket's tokens in (``sign`` 1) or out (-1) of flight."""
+        tokens = sign * ticket.tokens
+        self.tokens_inflight += tokens
+        if self._fair_by_tokens:
+            tenant = ticket.tenant
+            left = self._tenant_tokens.get(tenant, 0) + tokens
+            if left:
+                self._tenant_tokens[tenant] = left
+            else:
+                self._tenant_tokens.pop(tenant, None)
 
-    def _went_idle(self, tenant: str) -> None:
-        """``tenant`` holds and waits for nothing now: it keeps its turn, unless more than
-        ``IDLE_TURNS`` tenants went idle since, so that the turns stay bounded."""
-        idle = self._idle
-        idle[tenant] = None
-        idle.move_to_end(tenant)
-        if len(idle) > IDLE_TURNS:
-            # an OrderedDict: a plain dict's first key is found past every deleted slot
-            oldest, _ = idle.popitem(last=False)
-            if oldest not in self._tenant_inflight and oldest not in self._tenant_queued:
-                del self._turns[oldest]
+    def _active(self, tenant: str) -> bool:
+        return tenant in self._tenant_inflight or tenant in self._tenant_queued
 
     def _drop_dead_heads(self, rank: int, tenant: str) -> None:
         queue = self._queues[rank][tenant]
@@ -362,13 +378,16 @@ class FairQueue:
         weight = self._weights.get(tenant, self._default_weight)
         heavy = self._heavy
         load = (inflight + self._tenant_queued.get(tenant, 0)) / weight
-        turn = self._turns.get(tenant, 0)
+        by_tokens = self._fair_by_tokens
+        held = self._tenant_tokens.get(tenant, 0) if by_tokens else inflight
+        turn = self._turns.of.get(tenant, 0)
         for rank in _RANKS:
             queue = self._queues[rank].get(tenant)
             if queue is None:
                 continue
             head = queue[0]
-            key = ((inflight + head.ticket.seats) / weight, turn, head.order)
+            cost = head.ticket.tokens if by_tokens else head.ticket.seats
+            key = ((held + cost) / weight, turn, head.order)
             self._ready[rank].set(tenant, key)
             if heavy is not None:
                 heavy[rank].set(tenant, (-load, -len(queue)))

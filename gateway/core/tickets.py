@@ -23,11 +23,13 @@ MAX_TENANT_CHARS: Final[int] = 256
 
 class Ticket(NamedTuple):
     """One request asking for seats; immutable once classified (a tuple: cheap to build
-    on every request)."""
+    on every request). ``tokens`` is its token estimate, counted only by a gate with a
+    token budget or fair by tokens (0 where the gate does not count them)."""
 
     tenant: str
     priority: Priority = "standard"
     seats: int = 1
+    tokens: int = 0
 
     @property
     def rank(self) -> int:
@@ -37,7 +39,7 @@ class Ticket(NamedTuple):
 _new_tuple = tuple.__new__
 
 
-def ticket(tenant: str, priority: Priority = "standard", seats: int = 1) -> Ticket:
-    """``Ticket(tenant, priority, seats)``, built without the Python-level ``__new__`` of a
-    named tuple: the request path builds one per request."""
-    return _new_tuple(Ticket, (tenant, priority, seats))
+def ticket(tenant: str, priority: Priority = "standard", seats: int = 1, tokens: int = 0) -> Ticket:
+    """``Ticket(tenant, priority, seats, tokens)``, built without the Python-level
+    ``__new__`` of a named tuple: the request path builds one per request."""
+    return _new_tuple(Ticket, (tenant, priority, seats, tokens))

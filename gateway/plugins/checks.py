@@ -105,10 +105,10 @@ def unusable_ticket(answer: object) -> str | None:
     names a class, not a cost."""
     if not isinstance(answer, Ticket):
         return f"{answer!r}, not a Ticket"
-    tenant, priority, seats = answer
+    tenant, priority, seats, tokens = answer
     problem = _unusable_class(answer, tenant, priority)
-    if problem is None and (type(seats) is not int or seats != 1):
-        return f"{answer!r}: a classifier's ticket holds 1 seat"
+    if problem is None and (type(seats) is not int or seats != 1 or tokens != 0):
+        return f"{answer!r}: a classifier's ticket holds 1 seat and no tokens"
     return problem
 
 

@@ -115,6 +115,24 @@ class AdmissionSettings(Declared):
         parse=parsers.env_int,
         check=checks.check_int(0, checks.MAX_COUNT),
     )
+    global_max_tokens_in_flight: int | None = setting(
+        None,
+        doc="A budget of tokens in flight: the sum of the token estimates of the requests "
+        "running (estimated as for `tenant_tpm`). A request waits in the fair queue until "
+        "a seat and its tokens are both free; one estimated above the whole budget runs "
+        "alone. Whole number from 1 to 10^12. See [token budgets](#token-budgets).",
+        parse=parsers.env_optional_int,
+        check=checks.check_optional_count(checks.MAX_TOKENS),
+    )
+    fairness_cost: str = setting(
+        "requests",
+        doc="What the fair queue shares among tenants: `requests` (each tenant's requests "
+        "in flight, per unit of weight) or `tokens` (the token estimates of its requests "
+        "in flight: a tenant of long requests runs fewer of them). See "
+        "[token budgets](#token-budgets).",
+        parse=parsers.env_text,
+        check=checks.check_fairness_cost,
+    )
     default_tenant: str = setting(
         "anonymous",
         doc="Tenant of requests that carry neither the tenant header nor an API key.",

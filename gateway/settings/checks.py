@@ -188,6 +188,31 @@ def check_caps(settings: Settings, name: str, value: Any) -> int | Mapping[str, 
     return MappingProxyType(caps)
 
 
+#: The largest token budget taken: well above any fleet's KV cache, well within a double.
+MAX_TOKENS = 10**12
+
+
+def check_optional_count(maximum: int) -> Callable[[Settings, str, Any], int | None]:
+    """A whole number from 1 to ``maximum``, or None (unset)."""
+
+    def check(settings: Settings, name: str, value: Any) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+            raise settings.error(
+                name, value, f"expected a whole number from 1 to {maximum}, or unset"
+            )
+        return value
+
+    return check
+
+
+def check_fairness_cost(settings: Settings, name: str, value: Any) -> str:
+    if value not in ("requests", "tokens"):
+        raise settings.error(name, value, "expected requests or tokens")
+    return str(value)
+
+
 def check_priority(settings: Settings, name: str, value: Any) -> str:
     if value not in PRIORITIES:
         raise settings.error(name, value, f"expected one of {', '.join(PRIORITIES)}")

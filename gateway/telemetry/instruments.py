@@ -80,6 +80,12 @@ def _in_flight(gateway: Gateway) -> Iterator[Observation]:
     yield Observation(gateway.snapshot().inflight, _pool(gateway))
 
 
+def _tokens_in_flight(gateway: Gateway) -> Iterator[Observation]:
+    tokens = gateway.snapshot().tokens_inflight
+    if tokens is not None:
+        yield Observation(tokens, _pool(gateway))
+
+
 def _queue_depth(gateway: Gateway) -> Iterator[Observation]:
     pool = gateway.settings.pool
     for priority, count in gateway.snapshot().queued_by_priority().items():
@@ -173,6 +179,13 @@ def _routing_decisions(gateway: Gateway) -> Iterator[Observation]:
 #: every observable instrument: kind, name, what reads it from a gateway, unit, description
 _OBSERVED: tuple[tuple[str, str, Callable[[Gateway], Iterator[Observation]], str, str], ...] = (
     ("gauge", "obleth.in_flight", _in_flight, "{request}", "seats held by admitted requests"),
+    (
+        "gauge",
+        "obleth.tokens_in_flight",
+        _tokens_in_flight,
+        "{token}",
+        "the token estimates of admitted requests (with global_max_tokens_in_flight)",
+    ),
     (
         "gauge",
         "obleth.queue_depth",

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from gateway import GatewayMiddleware, Settings
 from gateway.loopback import serve_in_task
+from tests.backends.redis_pods import eventually
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
@@ -127,3 +128,39 @@ def test_without_budgets_no_body_is_read_for_them() -> None:
     assert gw._plan is not None and not gw._plan.reads_body
     rpm_only = GatewayMiddleware(app(), Settings(tenant_rpm=5))
     assert rpm_only._plan is not None and not rpm_only._plan.reads_body
+
+
+def test_a_token_budget_holds_requests_by_their_estimate_and_status_shows_it() -> None:
+    """``global_max_tokens_in_flight``: two requests of 600 tokens do not run together
+    under a budget of 1000; a small one waits behind the second (no barging)."""
+
+    async def scenario() -> None:
+        settings = Settings(tenant_header="x-tenant", global_max_tokens_in_flight=1000)
+        made = app()
+        gw = GatewayMiddleware(made, settings)
+        async with serve_in_task(gw) as server, httpx.AsyncClient(trust_env=False) as http:
+            body = json.dumps({"prompt": "x" * 400, "max_tokens": 500})  # 100 + 500
+            first = asyncio.create_task(
+                http.post(
+                    f"{server.url}/v1/completions",
+                    headers={"x-tenant": "a", "x-hold": "1"},
+                    content=body,
+                )
+            )
+            await asyncio.wait_for(made.state.entered.wait(), 5)
+            second = asyncio.create_task(
+                post(http, server.url, "b", prompt="x" * 400, max_tokens=500)
+            )
+            assert await eventually(lambda: _queued(gw), 5)
+            snapshot = gw.gateway.snapshot()
+            assert (snapshot.inflight, snapshot.tokens_inflight) == (1, 600)
+            assert not second.done()
+            made.state.hold.set()
+            assert [(await t).status_code for t in (first, second)] == [200, 200]
+            assert gw.gateway.snapshot().tokens_inflight == 0
+
+    run(scenario)
+
+
+async def _queued(gw: GatewayMiddleware) -> bool:
+    return gw.gateway.snapshot().queued >= 1

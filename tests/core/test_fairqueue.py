@@ -7,7 +7,7 @@ import random
 import pytest
 
 from gateway.backends.redis.script import step_source
-from gateway.core import fairqueue
+from gateway.core import turns
 from gateway.core.admission import (
     Granted,
     OverflowAction,
@@ -266,16 +266,16 @@ def test_idle_tenants_keep_their_turns_up_to_a_bound(monkeypatch: pytest.MonkeyP
     """Tenants come and go (a tenant per API key): an idle one keeps its turn for its
     next request, but only the last ``IDLE_TURNS`` to go idle do, so that memory stays
     bounded however many tenants a service has seen."""
-    monkeypatch.setattr(fairqueue, "IDLE_TURNS", 3)
+    monkeypatch.setattr(turns, "IDLE_TURNS", 3)
     q = FairQueue(max_queue=10)
     for n in range(10):
         assert isinstance(arrive(q, f"t{n}", 1), Granted)
         q.release(Ticket(f"t{n}"))
-    assert sorted(q._turns) == ["t7", "t8", "t9"]
-    assert len(q._idle) == 3
+    assert sorted(q._turns.of) == ["t7", "t8", "t9"]
+    assert q._turns.idle == 3
 
 
 def test_step_script_keeps_as_many_idle_turns_as_the_fair_queue() -> None:
     """In cluster mode the pool keeps idle turns in Redis: the same bound."""
     source = step_source()
-    assert f"local IDLE_TURNS = {fairqueue.IDLE_TURNS}\n" in source
+    assert f"local IDLE_TURNS = {turns.IDLE_TURNS}\n" in source

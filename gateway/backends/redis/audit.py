@@ -2,7 +2,8 @@
 operator can run against a live pool.
 
 The pool is consistent when the seats counted in flight equal the seats of the leases
-and the sum of every tenant's seats, every lease has its metadata, and every waiter is
+and the sum of every tenant's seats (and the tokens in flight the tokens of the leases,
+per tenant too), every lease has its metadata, and every waiter is
 in the queue or the lobby, in the deadline index and in its tenant's count; given the
 pods' ``max_queue``, also when nobody waits in the lobby while the queue has room. Read
 by one script, so the answer describes one instant even while pods keep calling.
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.backends.redis.keys import PoolKeys
-from gateway.core.fairqueue import IDLE_TURNS
+from gateway.core.turns import IDLE_TURNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +49,14 @@ return {
   redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5]), redis.call('ZCARD', KEYS[6]),
   redis.call('HLEN', KEYS[7]), redis.call('ZCARD', KEYS[8]), redis.call('ZCARD', KEYS[9]),
   redis.call('HKEYS', KEYS[10]), redis.call('ZRANGE', KEYS[11], 0, -1),
+  redis.call('HGETALL', KEYS[12]),
 }
 """
 
 
-_NAMES = ("state", "leases", "lmeta", "tin", "tq", "wq", "wmeta", "wdl", "lobby", "turns", "idle")
+_NAMES = (
+    "state", "leases", "lmeta", "tin", "tq", "wq", "wmeta", "wdl", "lobby", "turns", "idle", "ttok"
+)  # fmt: skip
 
 
 async def audit(client: Any, pool: str, *, max_queue: int | None = None) -> PoolAudit:
@@ -70,7 +74,7 @@ def audit_sync(client: Any, pool: str, *, max_queue: int | None = None) -> PoolA
 
 
 def _parse(raw: list[Any], max_queue: int | None) -> PoolAudit:
-    state, leases, lmeta, tin, tq, wq, wmeta, wdl, lobby, turns, idle = raw
+    state, leases, lmeta, tin, tq, wq, wmeta, wdl, lobby, turns, idle, ttok = raw
     audited = check(
         _pairs(state),
         leases,
@@ -85,7 +89,30 @@ def _parse(raw: list[Any], max_queue: int | None) -> PoolAudit:
     )
     active = {_s(t) for t in tin[::2]} | {_s(t) for t in tq[::2]}
     audited.problems.extend(_turn_problems(active, {_s(t) for t in turns}, [_s(t) for t in idle]))
+    audited.problems.extend(_token_problems(_pairs(state), _pairs(lmeta), _pairs(ttok)))
     return audited
+
+
+def _token_problems(
+    state: dict[Any, Any], lmeta: dict[Any, Any], ttok: dict[Any, Any]
+) -> list[str]:
+    """The tokens in flight (see step.lua's ``add_tokens``): the pool's count and each
+    tenant's are the sums of their leases' (records ``tenant|seats|tokens|pod``)."""
+    by_tenant: dict[str, int] = {}
+    for meta in lmeta.values():
+        parts = _s(meta).split("|")
+        if len(parts) >= 4 and int(parts[2]):
+            by_tenant[parts[0]] = by_tenant.get(parts[0], 0) + int(parts[2])
+    counted = int(_s(next((v for k, v in state.items() if _s(k) == "tokens"), 0)))
+    kept = {_s(t): int(_s(v)) for t, v in ttok.items()}
+    problems = []
+    if counted != sum(by_tenant.values()):
+        problems.append(
+            f"tokens disagree: tokens={counted}, sum of lease tokens={sum(by_tenant.values())}"
+        )
+    if kept != by_tenant:
+        problems.append(f"tenant tokens disagree with their leases: {kept} != {by_tenant}")
+    return problems
 
 
 def _turn_problems(active: set[str], turns: set[str], idle: list[str]) -> list[str]:

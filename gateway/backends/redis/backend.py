@@ -254,6 +254,12 @@ class RedisBackend:
                 )
                 for tenant, entry in sorted(tenants.items())
             },
+            tokens_inflight=(
+                state.tokens_inflight
+                if self._settings.global_max_tokens_in_flight is not None
+                else None
+            ),
+            max_tokens=self._settings.global_max_tokens_in_flight,
         )
 
     # -- what else callers may read -------------------------------------------------------

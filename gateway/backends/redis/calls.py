@@ -134,6 +134,7 @@ class Caller:
             ticket.seats,
             action,
             self._wait_ms,
+            ticket.tokens,
         )
         self._pod.batch.acquires.append(op)
         self._ops.append(SentAcquire(op, pending, answered))
@@ -293,11 +294,11 @@ class Caller:
 
     def _heartbeat_report(
         self, batch: Batch
-    ) -> tuple[list[tuple[str, str, int]], list[str], dict[str, int]]:
+    ) -> tuple[list[tuple[str, str, int, int]], list[str], dict[str, int]]:
         if not batch.heartbeat:
             return [], [], {}
         pod = self._pod
-        leases = [(lid, escape_tenant(t.tenant), t.seats) for lid, t in pod.held.items()]
+        leases = [(lid, escape_tenant(t.tenant), t.seats, t.tokens) for lid, t in pod.held.items()]
         roster = {other: alive for other, alive in self.replies.roster.items() if other != pod.id}
         # a grant being confirmed is reported like a waiter: if its lease holds, the
         # heartbeat renews it and reports it missed, which runs it

@@ -42,6 +42,7 @@ KEY_NAMES = (
     "leader",
     "turns",
     "idle",
+    "ttok",
 )
 
 _LONG_TENANT = 96

@@ -64,6 +64,7 @@ class PodState:
         # what the last reply said about the pool
         self.seen_limit: int | None = None
         self.inflight = 0
+        self.tokens_inflight = 0
         self.queued = 0
         self.live_pods = 1
         self.learning_ms = 0
@@ -167,4 +168,6 @@ def _pod_config(settings: Settings) -> PodConfig:
         default_cap=default_cap,
         weights=[(escape_tenant(t), w) for t, w in sorted(settings.tenant_weights.items())],
         caps=[(escape_tenant(t), c) for t, c in sorted(per_tenant.items())],
+        max_tokens=settings.global_max_tokens_in_flight,
+        fair_by_tokens=settings.fairness_cost == "tokens",
     )

@@ -70,6 +70,7 @@ class Replies:
                 reply.capacity, reply.cver, ceiling_pending=pod.batch.ceiling is not None
             )
         pod.inflight = reply.inflight
+        pod.tokens_inflight = reply.tokens_inflight
         pod.queued = reply.queued
         pod.live_pods = max(1, reply.live_pods)
         pod.learning_ms = reply.learning_ms

@@ -7,7 +7,7 @@
 -- (TIME), never a pod's.
 --
 -- KEYS, in order: state leases lmeta tin tq wq wmeta wdl ready:0 ready:1 rmem pods
---   weights caps await asserted members unready lobby computed leader turns idle
+--   weights caps await asserted members unready lobby computed leader turns idle ttok
 --
 -- ARGV, written only by gateway/backends/redis/wire.py (`encode`):
 --    1 pod id                  2 lease TTL (ms)             3 roll-call fallback (ms)
@@ -59,7 +59,8 @@ local LOBBY = KEYS[19] -- waiter id -> arrival: waiting for room in the full que
 local COMPUTED, LEADER = KEYS[20], KEYS[21] -- provider -> "value|pod|ms"; the lease holder
 local TURNS = KEYS[22] -- tenant -> its turn for ties in the ready sets (see rekey)
 local IDLE = KEYS[23] -- tenant -> when it went idle, for the last IDLE_TURNS to go idle
--- how many idle tenants keep their turn: gateway/core/fairqueue.py's IDLE_TURNS
+local TTOK = KEYS[24] -- tenant -> the token estimates of its leases (see "tokens" below)
+-- how many idle tenants keep their turn: gateway/core/turns.py's IDLE_TURNS
 local IDLE_TURNS = 10000
 local WAITING_RANKS = 1 -- ranks 0 (critical) and 1 (standard) wait; 2 (background) never
 -- a pod that knows no other pod cannot bring a roster: a roll call it opens stays open
@@ -150,7 +151,7 @@ local function run_id()
 end
 
 local state = redis.call('HMGET', S, 'epoch', 'limit', 'inflight', 'learn_until', 'dweight',
-  'dcap', 'capped', 'grace_until', 'mver', 'runid', 'ceiling', 'cver')
+  'dcap', 'capped', 'grace_until', 'mver', 'runid', 'ceiling', 'cver', 'tokens', 'mtok', 'ftok')
 local epoch = state[1]
 local new_roll = false
 local relearn = nil -- why a new epoch starts ('lost', 'seq', 'runid'), for the pods' logs
@@ -158,12 +159,12 @@ if not epoch then
   -- Redis lost the pool (restart without persistence, FLUSHALL, failover, eviction), or
   -- this is its first call ever: start a new epoch and drop whatever fragments survived
   redis.call('DEL', LEASES, LMETA, TIN, TQ, WQ, WMETA, WDL, READY[0], READY[1], RMEM,
-    WEIGHTS, CAPS, PODS, AWAIT, ASSERTED, MEMBERS, UNREADY, LOBBY, COMPUTED, TURNS, IDLE)
+    WEIGHTS, CAPS, PODS, AWAIT, ASSERTED, MEMBERS, UNREADY, LOBBY, COMPUTED, TURNS, IDLE, TTOK)
   epoch = new_id()
   redis.call('HSET', S, 'limit', init_ceiling, 'inflight', 0, 'epoch', epoch, 'learn_until', 0,
     'grace_until', 0, 'dweight', 1, 'dcap', -1, 'capped', 0, 'seq', 0, 'arr', 0, 'mver', 0,
-    'runid', run_id(), 'ceiling', init_ceiling, 'cver', 0)
-  state = { epoch, init_ceiling, 0, 0, 1, -1, 0, 0, 0, false, init_ceiling, 0 }
+    'runid', run_id(), 'ceiling', init_ceiling, 'cver', 0, 'tokens', 0, 'mtok', -1, 'ftok', 0)
+  state = { epoch, init_ceiling, 0, 0, 1, -1, 0, 0, 0, false, init_ceiling, 0, 0, -1, 0 }
   new_roll = true
   relearn = 'lost'
 elseif probe then
@@ -194,6 +195,13 @@ local mver = tonumber(state[9] or '0')
 local ceiling = tonumber(state[11] or state[2])
 if not state[11] then redis.call('HSET', S, 'ceiling', ceiling) end
 local cver = tonumber(state[12] or '0')
+-- tokens: with a token budget (mtok >= 0) or fairness by tokens (ftok), as the pods' config
+-- says, each lease and waiter carries its request's token estimate; the pool counts the
+-- tokens in flight, and per tenant in TTOK. Records from before tokens count none
+local tokens_inflight = tonumber(state[13] or '0')
+local tokens_before = tokens_inflight
+local mtok = tonumber(state[14] or '-1')
+local ftok = state[15] == '1'
 local known_cver = tonumber(ARGV[23])
 -- waiters in the queue and in the lobby, kept up to date below: nothing waits, nothing to do
 local nlobby = redis.call('ZCARD', LOBBY)
@@ -212,6 +220,20 @@ end
 
 local function add_inflight(delta)
   inflight = inflight + delta
+end
+
+-- whether a request of `seats` and `tok` tokens fits: its seats under the limit, its
+-- tokens under the budget (one estimated above the whole budget fits once no tokens are
+-- in flight: it runs alone rather than never); as gateway/core/fairqueue.py's fits()
+local function fits(seats, tok)
+  if inflight + seats > limit then return false end
+  return mtok < 0 or tokens_inflight == 0 or tokens_inflight + tok <= mtok
+end
+
+local function add_tokens(tenant, delta)
+  if delta == 0 then return end
+  tokens_inflight = tokens_inflight + delta
+  if redis.call('HINCRBY', TTOK, tenant, delta) <= 0 then redis.call('HDEL', TTOK, tenant) end
 end
 
 -- roll calls -----------------------------------------------------------------------------
@@ -436,11 +458,16 @@ local function entry_tenant(entry)
 end
 
 -- re-file a tenant in the ready sets after its seats, its queue or its turn changed: the
--- score is (seats in flight + head's seats) / weight, the member starts with the
--- tenant's turn, then the head's arrival (both 15 digits), so equal scores order the
--- oldest turn first
+-- score is (seats in flight + head's seats) / weight (tokens in flight + head's tokens,
+-- when fair by tokens), the member starts with the tenant's turn, then the head's arrival
+-- (both 15 digits), so equal scores order the oldest turn first
 local function rekey(tenant)
-  local held = tenant_inflight(tenant)
+  local held
+  if ftok then
+    held = tonumber(redis.call('HGET', TTOK, tenant) or '0')
+  else
+    held = tenant_inflight(tenant)
+  end
   local w = weight(tenant)
   local turn = redis.call('HGET', TURNS, tenant) or string.rep('0', 15)
   for rank = 0, WAITING_RANKS do
@@ -451,7 +478,9 @@ local function rekey(tenant)
     if id then
       local meta = split(redis.call('HGET', WMETA, id))
       local entry = turn .. arrival .. '|' .. tenant
-      redis.call('ZADD', READY[rank], (held + tonumber(meta[4])) / w, entry)
+      local cost = tonumber(meta[4])
+      if ftok then cost = tonumber(meta[6] or '0') end
+      redis.call('ZADD', READY[rank], (held + cost) / w, entry)
       redis.call('HSET', RMEM, field, entry)
     elseif old then
       redis.call('HDEL', RMEM, field)
@@ -488,16 +517,19 @@ local function pod_gone(of_pod)
   return of_pod ~= pod and not listened(of_pod)
 end
 
--- returns the lease's expiry: a grant never outlives its pod's liveness
-local function add_lease(id, tenant, seats, of_pod)
+-- returns the lease's expiry: a grant never outlives its pod's liveness. Its record is
+-- tenant|seats|tokens|pod (the pod last: a pod's own are found by suffix); records from
+-- before tokens are tenant|seats|pod
+local function add_lease(id, tenant, seats, of_pod, tok)
   local expiry = now + ttl -- the caller's own liveness was just renewed to the same
   if of_pod ~= pod then
     local alive_until = pod_expiry(of_pod)
     if alive_until and alive_until < expiry then expiry = alive_until end
   end
   redis.call('ZADD', LEASES, expiry, id)
-  redis.call('HSET', LMETA, id, tenant .. '|' .. seats .. '|' .. of_pod)
+  redis.call('HSET', LMETA, id, tenant .. '|' .. seats .. '|' .. tok .. '|' .. of_pod)
   add_inflight(seats)
+  add_tokens(tenant, tok) -- before the seats: their rekey reads it
   add_tenant_inflight(tenant, seats)
   return expiry
 end
@@ -510,17 +542,20 @@ local function free_lease(id)
   redis.call('ZREM', LEASES, id)
   redis.call('HDEL', LMETA, id)
   add_inflight(-seats)
+  if #parts >= 4 then add_tokens(parts[1], -tonumber(parts[3])) end
   add_tenant_inflight(parts[1], -seats)
   return true
 end
 
 -- waiters ---------------------------------------------------------------------------------
 
--- records a new waiter of this pod (its record, deadline and tenant count); returns its
--- arrival, which orders it in the queue and in the lobby
-local function record(id, tenant, rank, seats, deadline)
+-- records a new waiter of this pod (its record, rank|tenant|arrival|seats|pod|tokens, its
+-- deadline and tenant count); returns its arrival, which orders it in the queue and in
+-- the lobby
+local function record(id, tenant, rank, seats, tok, deadline)
   local arrival = string.format('%015d', redis.call('HINCRBY', S, 'arr', 1))
-  redis.call('HSET', WMETA, id, rank .. '|' .. tenant .. '|' .. arrival .. '|' .. seats .. '|' .. pod)
+  redis.call('HSET', WMETA, id,
+    rank .. '|' .. tenant .. '|' .. arrival .. '|' .. seats .. '|' .. pod .. '|' .. tok)
   redis.call('ZADD', WDL, deadline, id)
   redis.call('HINCRBY', TQ, tenant, 1)
   ensure_turn(tenant)
@@ -534,13 +569,13 @@ local function file(id, rank, tenant, arrival)
   rekey(tenant)
 end
 
-local function enqueue(id, tenant, rank, seats, deadline)
-  file(id, rank, tenant, record(id, tenant, rank, seats, deadline))
+local function enqueue(id, tenant, rank, seats, tok, deadline)
+  file(id, rank, tenant, record(id, tenant, rank, seats, tok, deadline))
 end
 
 -- the 'wait' action: into the queue while it has room, else into the lobby
-local function wait_for_room(id, tenant, rank, seats, deadline)
-  local arrival = record(id, tenant, rank, seats, deadline)
+local function wait_for_room(id, tenant, rank, seats, tok, deadline)
+  local arrival = record(id, tenant, rank, seats, tok, deadline)
   if nlobby == 0 and nwait < room then
     file(id, rank, tenant, arrival)
   else
@@ -638,14 +673,14 @@ local function dispatch()
     local tenant = entry_tenant(entry)
     local id = head(rank, tenant)
     local meta = split(redis.call('HGET', WMETA, id))
-    local seats, of_pod = tonumber(meta[4]), meta[5]
+    local seats, of_pod, tok = tonumber(meta[4]), meta[5], tonumber(meta[6] or '0')
     if pod_gone(of_pod) then
       unqueue(id) -- nobody is left to run it (the pod queues it again if it comes back)
     else
-      if inflight + seats > limit or not eligible(of_pod) then return end
+      if not fits(seats, tok) or not eligible(of_pod) then return end
       unqueue(id)
       take_turn(tenant)
-      local expiry = add_lease(id, tenant, seats, of_pod)
+      local expiry = add_lease(id, tenant, seats, of_pod, tok)
       notify(of_pod, 'g:' .. id .. ':' .. expiry)
     end
     fill_from_lobby()
@@ -675,7 +710,8 @@ if joined and not flags.leave then
 end
 
 -- configuration (sent after a pod starts and after a new epoch):
--- "<default weight> <default cap> <n> <tenant> <weight>... <m> <tenant> <cap>..."
+-- "<default weight> <default cap> <n> <tenant> <weight>... <m> <tenant> <cap>...
+--  <token budget, -1: none> <fair by tokens, 0 or 1>"
 local config = words(ARGV[12])
 if #config > 0 then
   dweight, dcap = tonumber(config[1]), tonumber(config[2])
@@ -692,7 +728,10 @@ if #config > 0 then
     at = at + 2
   end
   capped = dcap >= 0 or ncaps > 0
-  redis.call('HSET', S, 'dweight', dweight, 'dcap', dcap, 'capped', capped and 1 or 0)
+  mtok = tonumber(config[at] or '-1')
+  ftok = config[at + 1] == '1'
+  redis.call('HSET', S, 'dweight', dweight, 'dcap', dcap, 'capped', capped and 1 or 0,
+    'mtok', mtok, 'ftok', ftok and 1 or 0)
 end
 
 -- heartbeat: renew this pod's leases, re-assert those Redis no longer has, and report
@@ -700,15 +739,16 @@ end
 await_caller()
 local reasserted, missed, lost = 0, {}, {}
 if flags.heartbeat then
-  local held = words(ARGV[13]) -- "<id> <tenant> <seats>..."
+  local held = words(ARGV[13]) -- "<id> <tenant> <seats> <tokens>..."
   local waiters = words(ARGV[14])
-  for at = 1, #held, 3 do
-    local id, tenant, seats = held[at], held[at + 1], tonumber(held[at + 2])
+  for at = 1, #held, 4 do
+    local id, tenant, seats, tok = held[at], held[at + 1], tonumber(held[at + 2]),
+      tonumber(held[at + 3])
     if redis.call('ZADD', LEASES, 'XX', 'CH', now + ttl, id) == 0
         and not redis.call('ZSCORE', LEASES, id) then
       -- after Redis lost the pool its holders have no turn: one from now
       ensure_turn(tenant)
-      add_lease(id, tenant, seats, pod)
+      add_lease(id, tenant, seats, pod, tok)
       reasserted = reasserted + 1
     end
   end
@@ -727,7 +767,7 @@ if flags.heartbeat then
     -- nor waits to hear of was given back where Redis did not see it (a failover lost
     -- the release), and would otherwise keep its seat until it expires
     local keep = {}
-    for at = 1, #held, 3 do keep[held[at]] = true end
+    for at = 1, #held, 4 do keep[held[at]] = true end
     for _, id in ipairs(waiters) do keep[id] = true end
     local suffix = '|' .. pod
     local all = redis.call('HGETALL', LMETA)
@@ -879,7 +919,7 @@ end
 -- the room timeouts and cancels left in the queue goes to the lobby before newcomers
 fill_from_lobby()
 
--- acquires, "<id> <tenant> <rank> <seats> <action> <wait ms>...": answered 'g' granted,
+-- acquires, "<id> <tenant> <rank> <seats> <tokens> <action> <wait ms>...": answered 'g' granted,
 -- 'q' waiting (in the queue or the lobby), else the reason of the refusal. The action is
 -- the overflow policy's when no seat is free: 'wait' waits in the queue, or in the lobby
 -- while the queue is full; 'queue' waits in the queue, refused when it is full; 'evict'
@@ -890,10 +930,10 @@ local caller_eligible = caller_asserted
   and (not rolls or redis.call('SISMEMBER', UNREADY, pod) == 0)
 local answers = {}
 local acquires = words(ARGV[20])
-for at = 1, #acquires, 6 do
-  local id, tenant, rank, seats, action, wait_ms = acquires[at], acquires[at + 1],
-    tonumber(acquires[at + 2]), tonumber(acquires[at + 3]), acquires[at + 4],
-    tonumber(acquires[at + 5])
+for at = 1, #acquires, 7 do
+  local id, tenant, rank, seats, tok, action, wait_ms = acquires[at], acquires[at + 1],
+    tonumber(acquires[at + 2]), tonumber(acquires[at + 3]), tonumber(acquires[at + 4]),
+    acquires[at + 5], tonumber(acquires[at + 6])
   local answer
   if retried and redis.call('HEXISTS', LMETA, id) == 1 then
     answer = 'g' -- a retry of a call whose reply was lost
@@ -905,18 +945,18 @@ for at = 1, #acquires, 6 do
     if action ~= 'requeue' and cap >= 0
         and tenant_inflight(tenant) + tenant_queued(tenant) + seats > cap then
       answer = 'tenant_limit'
-    elseif not learning() and caller_eligible and inflight + seats <= limit
+    elseif not learning() and caller_eligible and fits(seats, tok)
         and not waiting_at_or_above(rank) then
       take_turn(tenant)
-      add_lease(id, tenant, seats, pod)
+      add_lease(id, tenant, seats, pod, tok)
       answer = 'g'
     elseif rank > WAITING_RANKS then
       answer = 'no_wait'
     elseif action == 'requeue' then
-      enqueue(id, tenant, rank, seats, now + wait_ms)
+      enqueue(id, tenant, rank, seats, tok, now + wait_ms)
       answer = 'q'
     elseif action == 'wait' then
-      wait_for_room(id, tenant, rank, seats, now + wait_ms)
+      wait_for_room(id, tenant, rank, seats, tok, now + wait_ms)
       answer = 'q'
     else
       local full = nwait >= max_queue
@@ -934,7 +974,7 @@ for at = 1, #acquires, 6 do
         if full then
           answer = 'queue_full'
         else
-          enqueue(id, tenant, rank, seats, now + wait_ms)
+          enqueue(id, tenant, rank, seats, tok, now + wait_ms)
           answer = 'q'
         end
       end
@@ -950,6 +990,7 @@ for to_pod, list in pairs(notes) do
 end
 
 if inflight ~= inflight_before then redis.call('HSET', S, 'inflight', inflight) end
+if tokens_inflight ~= tokens_before then redis.call('HSET', S, 'tokens', tokens_inflight) end
 
 local roster_text = ''
 if told_roster then roster_text = roster() end
@@ -959,5 +1000,5 @@ return {
   table.concat(missed, ' '), table.concat(lost, ' '), table.concat(own_notes, ' '),
   now, mver, told_roster and 1 or 0, roster_text,
   caller_asserted and 1 or 0,
-  table.concat(confirmed, ' '), relearn or '', cver, capacity_text,
+  table.concat(confirmed, ' '), relearn or '', cver, capacity_text, tokens_inflight,
 }

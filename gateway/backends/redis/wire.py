@@ -26,6 +26,9 @@ class PodConfig:
     default_cap: int | None
     weights: Sequence[tuple[str, float]]
     caps: Sequence[tuple[str, int]]
+    max_tokens: int | None = None
+    """``global_max_tokens_in_flight``; None when unset."""
+    fair_by_tokens: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,8 @@ class AcquireOp:
     """The overflow policy's action (``wait``, ``queue``, ``evict``, ``reject``), or
     ``requeue`` for a waiter Redis dropped while its pod was away."""
     wait_ms: int
+    tokens: int = 0
+    """The request's token estimate (0 where the pool does not count tokens)."""
 
 
 @dataclass(slots=True)
@@ -124,11 +129,11 @@ DEADLINE = 20
 def encode(
     header: Header,
     batch: Batch,
-    leases: Sequence[tuple[str, str, int]] = (),
+    leases: Sequence[tuple[str, str, int, int]] = (),
     waiters: Sequence[str] = (),
     roster: Mapping[str, int] | None = None,
 ) -> list[Arg]:
-    """ARGV for one call; ``leases`` (id, tenant, seats) and ``waiters`` (ids) are the
+    """ARGV for one call; ``leases`` (id, tenant, seats, tokens) and ``waiters`` (ids) are the
     heartbeat's report of what this pod holds, sent only when ``batch.heartbeat``;
     ``roster`` (pod id → liveness, Redis ms) the pods it knows, sent with ``reassert``.
 
@@ -145,17 +150,20 @@ def encode(
         parts.append(str(len(c.caps)))
         for tenant, tenant_cap in c.caps:
             parts += [tenant, str(tenant_cap)]
+        parts += [str(-1 if c.max_tokens is None else c.max_tokens), str(int(c.fair_by_tokens))]
         config = " ".join(parts)
     held = ""
     waiting = ""
     known = ""
     if batch.heartbeat:
-        held = " ".join(f"{lease} {tenant} {seats}" for lease, tenant, seats in leases)
+        held = " ".join(
+            f"{lease} {tenant} {seats} {tokens}" for lease, tenant, seats, tokens in leases
+        )
         waiting = " ".join(waiters)
     if batch.reassert and roster:
         known = " ".join(f"{pod} {alive_until}" for pod, alive_until in roster.items())
     acquires = " ".join(
-        f"{op.id} {op.tenant} {op.rank} {op.seats} {op.action} {op.wait_ms}"
+        f"{op.id} {op.tenant} {op.rank} {op.seats} {op.tokens} {op.action} {op.wait_ms}"
         for op in batch.acquires
     )
     return [
@@ -289,6 +297,9 @@ class StepReply:
     capacity: PoolLimits | None = None
     """The ceiling and computed values, when the call told them (heartbeats, a change, and
     whenever the pod's version was behind); None otherwise."""
+    tokens_inflight: int = 0
+    """The token estimates of the pool's leases (counted with a token budget, or fairness
+    by tokens)."""
 
 
 class LateCall(redis.exceptions.ResponseError):
@@ -310,7 +321,7 @@ def decode(raw: Any) -> StepReply:
         raise LateCall(int(raw[1]))
     (limit, inflight, queued, epoch, seq, pods, learning, answers, cancelled, reasserted,
      missed, lost, notes, now_ms, mver, told, roster, asserted, confirmed, why, cver,
-     capacity) = raw  # fmt: skip
+     capacity, tokens) = raw  # fmt: skip
     own, _ = parse_notes(_text(notes).split())
     return StepReply(
         limit=int(limit),
@@ -334,6 +345,7 @@ def decode(raw: Any) -> StepReply:
         new_epoch=_text(why),
         cver=int(cver),
         capacity=_capacity(_text(capacity)),
+        tokens_inflight=int(tokens),
     )
 
 

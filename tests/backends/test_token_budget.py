@@ -1,0 +1,117 @@
+"""``global_max_tokens_in_flight`` and ``fairness_cost="tokens"``, on both backends: a
+request runs when a seat and its tokens are both free, one larger than the whole budget
+runs alone, and fair by tokens the next seat goes to the tenant with the fewest tokens in
+flight per unit of weight. In Redis the tokens are counted in the pool, audited, and
+re-asserted after Redis loses the pool."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.core.tickets import Ticket
+from tests.backends.redis_pods import TTL, Pods, eventually
+from tests.backends.test_contract import Make, assert_drained, make, settle, waiting
+from tests.redis_procs import RedisServer
+
+__all__ = ["make"]  # the fixture, run on both backends
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_request_waits_until_its_tokens_are_free(make: Make) -> None:
+    gateway = await make(global_max_in_flight=10, global_max_tokens_in_flight=100)
+    first = await gateway.scheduler.acquire(Ticket("a", tokens=60))
+    big, small = await waiting(gateway, Ticket("b", tokens=50), Ticket("c", tokens=30))
+    # 30 more would fit, but nobody barges past the waiter ahead (FIFO within a class)
+    assert not big.done() and not small.done()
+    assert gateway.snapshot().tokens_inflight == 60
+    first.release()
+    permits = [await asyncio.wait_for(task, 2) for task in (big, small)]
+    await settle(gateway)
+    assert gateway.snapshot().tokens_inflight == 80
+    for permit in permits:
+        permit.release()
+    await settle(gateway)
+    assert gateway.snapshot().tokens_inflight == 0
+    await assert_drained(gateway)
+
+
+async def test_a_request_larger_than_the_whole_budget_runs_alone(make: Make) -> None:
+    """Rather than never: it waits until no tokens are in flight, then runs, and the
+    others wait for it."""
+    gateway = await make(global_max_in_flight=10, global_max_tokens_in_flight=100)
+    holder = await gateway.scheduler.acquire(Ticket("a", tokens=1))
+    [huge] = await waiting(gateway, Ticket("b", tokens=500))
+    assert not huge.done()
+    holder.release()
+    running = await asyncio.wait_for(huge, 2)
+    [after] = await waiting(gateway, Ticket("c", tokens=1))
+    assert not after.done()
+    running.release()
+    (await asyncio.wait_for(after, 2)).release()
+    await assert_drained(gateway)
+
+
+@pytest.mark.parametrize(("cost", "first"), [("requests", "a"), ("tokens", "b")])
+async def test_fair_by_tokens_counts_what_each_tenant_runs_in_tokens(
+    make: Make, cost: str, first: str
+) -> None:
+    """a runs one long request, b two short ones. By requests a holds less and goes
+    first; by tokens b does."""
+    gateway = await make(global_max_in_flight=4, fairness_cost=cost)
+    held = [
+        await gateway.scheduler.acquire(ticket)
+        for ticket in (Ticket("a", tokens=1000), Ticket("b", tokens=10), Ticket("b", tokens=10))
+    ]
+    filler = await gateway.scheduler.acquire(Ticket("z"))
+    a, b = await waiting(gateway, Ticket("a", tokens=10), Ticket("b", tokens=10))
+    filler.release()
+    await settle(gateway)
+    granted = [t for t, task in (("a", a), ("b", b)) if task.done()]
+    assert granted == [first]
+    for permit in held:
+        permit.release()
+    for task in (a, b):
+        (await asyncio.wait_for(task, 2)).release()
+    await assert_drained(gateway)
+
+
+@pytest.fixture
+async def own_pods(own_redis: RedisServer, pool_name: str) -> AsyncIterator[Pods]:
+    group = Pods(own_redis.url, pool_name)
+    yield group
+    await group.close()
+
+
+async def test_the_pool_counts_tokens_and_they_come_back_after_redis_loses_it(
+    own_pods: Pods,
+) -> None:
+    pods = own_pods
+    # a roll call: nothing is granted until both pods have written their leases back
+    settings = {"global_max_tokens_in_flight": 100, "fairness_cost": "tokens"}
+    a = await pods.start(learning_window_s=3, **settings)
+    b = await pods.start(learning_window_s=3, **settings)
+    held = [
+        await a.scheduler.acquire(Ticket("t", tokens=40)),
+        await b.scheduler.acquire(Ticket("u", tokens=50)),
+    ]
+    assert (await pods.audit()).ok  # tokens and tenant tokens agree with the leases
+    [waiter] = await waiting(b, Ticket("u", tokens=20))
+    assert not waiter.done()
+    await pods.client.flushall()
+    # the pods write their leases back, tokens and all: the waiter still does not fit
+    assert await eventually(lambda: _tokens_are(pods, 90), 10 * TTL)
+    assert not waiter.done()
+    held[0].release()
+    (await asyncio.wait_for(waiter, 5)).release()
+    held[1].release()
+    assert (await pods.wait_empty(3)).empty
+
+
+async def _tokens_are(pods: Pods, tokens: int) -> bool:
+    found = await pods.audit()
+    state = await pods.client.hget(f"obleth:{{{pods.pool}}}:state", "tokens")
+    return found.ok and state is not None and int(state) == tokens
