@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -115,3 +116,34 @@ async def _tokens_are(pods: Pods, tokens: int) -> bool:
     found = await pods.audit()
     state = await pods.client.hget(f"obleth:{{{pods.pool}}}:state", "tokens")
     return found.ok and state is not None and int(state) == tokens
+
+
+async def test_in_local_failure_mode_a_pod_keeps_its_part_of_the_token_budget(
+    own_pods: Pods, own_redis: RedisServer
+) -> None:
+    """Cut off from Redis, each pod admits its share of the seats and of the tokens: two
+    live pods, a budget of 100, 50 each; the tokens it already runs count."""
+    pods = own_pods
+    settings = {"global_max_tokens_in_flight": 100, "redis_failure_mode": "local"}
+    a = await pods.start(**settings)
+    await pods.start(**settings)
+    assert await eventually(lambda: _live_pods_seen(a, 2), 10 * TTL)
+    holder = await a.scheduler.acquire(Ticket("t", tokens=30))
+    own_redis.pause()
+    try:
+        assert await eventually(lambda: _mode_is(a, "local"), 10 * TTL)
+        [over] = await waiting(a, Ticket("t", tokens=30))  # 30 + 30 > 50
+        assert not over.done()
+        holder.release()
+        (await asyncio.wait_for(over, 2)).release()
+    finally:
+        own_redis.resume()
+
+
+async def _live_pods_seen(gateway: Any, n: int) -> bool:
+    await settle(gateway)
+    return bool(gateway.backend._state.live_pods == n)
+
+
+async def _mode_is(gateway: Any, mode: str) -> bool:
+    return bool(gateway.backend.mode == mode)

@@ -57,6 +57,7 @@ class FailureMode:
         fallback = pod.fallback = Fallback(
             settings,
             share=self.local_share(),
+            pods=max(1, pod.live_pods),
             decide=self._decide,
             held=pod.held,
             waiting=pod.waiting,

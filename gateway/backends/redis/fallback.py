@@ -40,6 +40,7 @@ class Fallback:
         settings: Settings,
         *,
         share: int,
+        pods: int = 1,
         decide: Callable[[QueueView, Ticket], OverflowAction],
         held: dict[str, Ticket],
         waiting: dict[str, Pending],
@@ -53,6 +54,10 @@ class Fallback:
         self._waiting = waiting
         self._new_id = new_id
         self._queue = fair_queue_for(settings)
+        budget = settings.global_max_tokens_in_flight
+        if budget is not None:
+            # the token budget is shared as the seats are: this pod's part of the pool's
+            self._queue.max_tokens = max(1, budget // pods)
         self._waiters: dict[str, Waiter] = {}
         # seats this pod holds, counted against its local share
         self._counted: dict[str, Ticket] = {}
