@@ -186,6 +186,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="tenant_max_in_flight, name:cap,... or a cap " + _setting("tenant_max_in_flight"),
     )
+    admit.add_argument(
+        "--max-tokens-in-flight",
+        type=int,
+        default=None,
+        help="global_max_tokens_in_flight: a budget of the token estimates of the requests "
+        "running (prompt + max_tokens) " + _setting("global_max_tokens_in_flight"),
+    )
+    admit.add_argument(
+        "--fairness-cost",
+        default=None,
+        help="fairness_cost: what the fair queue shares, requests or tokens "
+        + _setting("fairness_cost"),
+    )
     out = parser.add_argument_group("the report")
     out.add_argument(
         "--fitness-weights",
@@ -322,13 +335,22 @@ def _heading(plan: Plan, sweep: Sweep | None) -> list[str]:
         f"tokens: input {w.input_tokens}, output {w.output_tokens}{prefix}",
         f"routing: {routing}; readings every {number(plan.scrape_interval_s)} s",
     ]
-    if swept == "max-in-flight" or {"global_max_in_flight", "capacity_providers"} & set(
-        plan.gateway
-    ):
+    if swept == "max-in-flight" or {
+        "global_max_in_flight",
+        "capacity_providers",
+        "global_max_tokens_in_flight",
+    } & set(plan.gateway):
         limit = "swept" if swept == "max-in-flight" else settings.global_max_in_flight
         lines.append(
             f"admission: max in flight {limit} ({','.join(settings.capacity_providers)}), "
             f"policy {settings.overflow_policy}, "
             f"max queue {settings.max_queue}, queue timeout {number(settings.queue_timeout_s)} s"
+            + (
+                ""
+                if settings.global_max_tokens_in_flight is None
+                else f", max tokens in flight {settings.global_max_tokens_in_flight}"
+            )
         )
+    if settings.fairness_cost != "requests":
+        lines.append(f"fairness: by {settings.fairness_cost}")
     return lines

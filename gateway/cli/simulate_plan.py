@@ -79,6 +79,8 @@ def plan_of(args: argparse.Namespace) -> Plan:
         ("queue_timeout_s", args.queue_timeout, None),
         ("tenant_weights", args.tenant_weights, parsers.env_weights),
         ("tenant_max_in_flight", args.tenant_max_in_flight, parsers.env_caps),
+        ("global_max_tokens_in_flight", args.max_tokens_in_flight, None),
+        ("fairness_cost", args.fairness_cost, None),
     ]
     for setting, value, parse in given:
         if value is None:
@@ -185,7 +187,7 @@ def refuse_flags_without_effect(args: argparse.Namespace, plan: Plan, sweep: Swe
     prefix. Any other capacity provider needs no limit: it may set one of its own
     (``adaptive`` probes at a few seats, ``kv-pressure`` may start from its own)."""
     swept = sweep is not None and sweep.flag == "max-in-flight"
-    limited = args.max_in_flight is not None or swept
+    limited = args.max_in_flight is not None or swept or args.max_tokens_in_flight is not None
     computed = set(plan.gateway.get("capacity_providers", ())) - {"static"}
     if not limited and args.tenant_max_in_flight is None and not computed:
         for flag, value in (
@@ -198,7 +200,8 @@ def refuse_flags_without_effect(args: argparse.Namespace, plan: Plan, sweep: Swe
                     flag,
                     value,
                     "decides what happens when no seat is free, and without --max-in-flight "
-                    "(or a sweep of it), --tenant-max-in-flight or a capacity provider "
+                    "(or a sweep of it), --max-tokens-in-flight, --tenant-max-in-flight or "
+                    "a capacity provider "
                     "other than static there always is one; give a limit too",
                     told=True,
                 )

@@ -18,8 +18,9 @@ all on the virtual clock (the readings' ``clock``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from gateway.complaints import Complaints
 from gateway.core.tickets import ticket
 from gateway.errors import ConfigError, Rejected, Unroutable
 from gateway.gateway import STALE_AFTER_INTERVALS, Gateway
+from gateway.rates.estimate import estimate_tokens
 from gateway.routing.readings import Readings
 from gateway.routing.request import RequestReader
 from gateway.settings import Settings
@@ -59,6 +61,8 @@ FLAG_OF_SETTING = {
     "tenant_max_in_flight": "--tenant-max-in-flight",
     "upstream_poll_interval_s": "--scrape-interval",
     "capacity_providers": "--capacity-providers",
+    "global_max_tokens_in_flight": "--max-tokens-in-flight",
+    "fairness_cost": "--fairness-cost",
 }
 
 
@@ -167,6 +171,13 @@ class _Run:
             block_bytes=settings.prefix_block_bytes,
             session_header=settings.session_header,
         )
+        #: each request's token estimate, as the middleware makes it, when the gate counts
+        #: tokens (a token budget, or fairness by tokens); None otherwise
+        self.tokens_of: Callable[[bytes | None], int] | None = None
+        if settings.global_max_tokens_in_flight is not None or settings.fairness_cost == "tokens":
+            self.tokens_of = functools.partial(
+                estimate_tokens, default_max_tokens=settings.default_max_tokens
+            )
         # providers that follow time to first byte hear it as in a server: from the
         # moment the request is handed to its instance to its first token
         self.feed = FirstByteFeed.of(self.gateway, Complaints())
@@ -231,15 +242,16 @@ class _Run:
         it: a seat, a route, the instance's answer, and the seat given back once."""
         loop, plan = self.loop, self.plan
         outcome.arrived_at = loop.time()
+        body = request.body(plan.profile.model)
+        tokens = 0 if self.tokens_of is None else self.tokens_of(body)
         try:
-            permit = await self.gateway.scheduler.acquire(ticket(request.tenant))
+            permit = await self.gateway.scheduler.acquire(ticket(request.tenant, tokens=tokens))
         except Rejected as exc:
             outcome.rejected = exc.reason
             return
         try:
             if plan.scrape_interval_s <= 0:
                 self._scrape()
-            body = request.body(plan.profile.model)
             route = self.reader.read(PATH, (), body, request.tenant, None)
             decision = self.router.route(route)
             try:

@@ -435,3 +435,31 @@ def test_no_prefix_caching_turns_the_hits_off() -> None:
     )
     assert off["prefix_cache_hit_rate"] == 0.0
     assert on["prefix_cache_hit_rate"] > 0.4
+
+
+def test_a_token_budget_the_size_of_the_kv_cache_ends_the_preemptions() -> None:
+    """``--max-tokens-in-flight``: requests of very different lengths, an instance in
+    overload. A limit in requests cannot tell a 5 000-token request from a 50-token one;
+    a budget of the cache's tokens (8192 blocks of 16) admits by what each may grow to,
+    and nothing is sent back to be recomputed."""
+    from gateway.cli import main
+
+    def run(*extra: str) -> dict[str, Any]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(
+                [
+                    "simulate",
+                    *("--rate", "20", "--num-requests", "400", "--json"),
+                    *("--input-tokens", "exponential:1000", "--output-tokens", "exponential:400"),
+                    *extra,
+                ]
+            )
+        assert code == 0
+        result: dict[str, Any] = json.loads(out.getvalue())
+        return result
+
+    unbounded, budgeted = run(), run("--max-tokens-in-flight", str(8192 * 16))
+    assert unbounded["preemption_count"] > 0
+    assert budgeted["preemption_count"] == 0
+    assert budgeted["completed"] == unbounded["completed"] == 400
