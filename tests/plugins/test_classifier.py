@@ -155,10 +155,8 @@ def test_the_memo_never_holds_a_credential_and_stays_bounded() -> None:
     keys = [f"sk-secret-{n:06d}" for n in range(MEMO_SIZE + 100)]
     for _ in range(2):
         for key in keys:
-            assert reader.ticket([(b"authorization", f"Bearer {key}".encode())]) == (
-                tenant_of_key(key),
-                "standard",
-                1,
+            assert reader.ticket([(b"authorization", f"Bearer {key}".encode())]) == Ticket(
+                tenant_of_key(key), "standard"
             )
     texts = [
         item.decode("latin-1") if isinstance(item, bytes) else item
@@ -172,7 +170,7 @@ def test_the_memo_never_holds_a_credential_and_stays_bounded() -> None:
 
 def test_a_request_without_credentials_gets_the_default_ticket() -> None:
     reader = reader_for(Settings(default_tenant="anonymous", default_priority="background"))
-    assert reader.ticket([(b"host", b"example")]) == ("anonymous", "background", 1)
+    assert reader.ticket([(b"host", b"example")]) == Ticket("anonymous", "background")
     assert reader.ticket([]) is reader.ticket([(b"accept", b"*/*")])
 
 
