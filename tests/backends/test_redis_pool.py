@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -32,20 +31,6 @@ from tests.cluster.faults import start_replica
 from tests.redis_procs import RedisClusterProcs, RedisServer, TcpProxy
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def pods(redis_url: str, pool_name: str) -> AsyncIterator[Pods]:
-    group = Pods(redis_url, pool_name)
-    yield group
-    await group.close()
-
-
-@pytest.fixture
-async def own_pods(own_redis: RedisServer, pool_name: str) -> AsyncIterator[Pods]:
-    group = Pods(own_redis.url, pool_name)
-    yield group
-    await group.close()
 
 
 async def test_a_waiter_on_another_pod_is_woken_by_a_release(pods: Pods) -> None:

@@ -5,7 +5,6 @@ behind, and ``redis_failure_mode`` decides while Redis cannot be reached."""
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -17,20 +16,6 @@ from tests.backends.redis_pods import TTL, Pods, backend, eventually
 from tests.redis_procs import RedisServer
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def pods(redis_url: str, pool_name: str) -> AsyncIterator[Pods]:
-    group = Pods(redis_url, pool_name)
-    yield group
-    await group.close()
-
-
-@pytest.fixture
-async def own_pods(own_redis: RedisServer, pool_name: str) -> AsyncIterator[Pods]:
-    group = Pods(own_redis.url, pool_name)
-    yield group
-    await group.close()
 
 
 async def test_every_pod_spends_from_the_same_minute(pods: Pods) -> None:

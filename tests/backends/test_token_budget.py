@@ -7,7 +7,6 @@ re-asserted after Redis loses the pool."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -78,13 +77,6 @@ async def test_fair_by_tokens_counts_what_each_tenant_runs_in_tokens(
     for task in (a, b):
         (await asyncio.wait_for(task, 2)).release()
     await assert_drained(gateway)
-
-
-@pytest.fixture
-async def own_pods(own_redis: RedisServer, pool_name: str) -> AsyncIterator[Pods]:
-    group = Pods(own_redis.url, pool_name)
-    yield group
-    await group.close()
 
 
 async def test_the_pool_counts_tokens_and_they_come_back_after_redis_loses_it(
