@@ -257,3 +257,27 @@ def test_capacity_providers_that_follow_first_bytes_are_fed_from_wsgi_too() -> N
     assert [answer.status_code for answer in answers] == [200] * 3
     assert missing.status_code == 200
     assert all(seconds >= 0 and on_loop for seconds, on_loop in fed), fed
+
+
+def test_rate_and_token_budgets_hold_under_wsgi_too() -> None:
+    """The budgets are the request path's, whatever the server: a tenant over its tokens
+    per minute gets 429 with the wait, estimated from the JSON body the middleware read."""
+    app = HeldApp()
+    app.release.set()
+    middleware = gated(app, tenant_header="x-tenant", tenant_tpm=1000, tenant_rpm={"b": 1})
+    body = {"prompt": "x" * 400, "max_tokens": 300}  # 100 + 300 tokens each
+    with serving(middleware) as url:
+        by_tokens = [post(url, json=body, headers={"x-tenant": "a"}) for _ in range(3)]
+        by_requests = [post(url, headers={"x-tenant": "b"}) for _ in range(2)]
+    middleware.close()
+
+    assert [answer.status_code for answer in by_tokens] == [200, 200, 429]
+    assert by_tokens[2].json()["error"]["code"] == "tokens_per_minute"
+    assert int(by_tokens[2].headers["retry-after"]) >= 1
+    assert [answer.status_code for answer in by_requests] == [200, 429]
+    assert by_requests[1].json()["error"]["code"] == "requests_per_minute"
+    assert outcomes(middleware) == {
+        "completed": 3,
+        "rejected:tokens_per_minute": 1,
+        "rejected:requests_per_minute": 1,
+    }
