@@ -82,8 +82,7 @@ class Flight:
         self.seats: FreeSeats | None = None
         self.permit: Permit | None = None
         self.decision: Decision | None = None
-        #: the tokens reserved from the tenant's rate budgets, until the request runs or
-        #: they are refunded; None when nothing was reserved
+        #: the tokens reserved from the tenant's rate budgets (None: nothing reserved)
         self.reserved: int | None = None
         #: the admission span, while the process traces and the gate has not answered
         self.span: Span | None = None
@@ -126,10 +125,7 @@ class Flight:
             else:
                 self._refused(tallies.ABANDONED, unclassified=True)
             return
-        tokens = 0 if plan.tokens_of is None else plan.tokens_of(payload)
-        if plan.gate_tokens:
-            self.ticket = self.ticket._replace(tokens=tokens)
-        if plan.rates is not None and not await self._reserve(tokens):
+        if plan.budgets and not await self._budget(payload):
             return
         # a free seat is taken without a Permit: _land gives it back
         seats = plan.free_seats
@@ -247,12 +243,16 @@ class Flight:
             plan.plugins.admitted(self._info(), permit.waited_s)
         return True
 
-    async def _reserve(self, tokens: int) -> bool:
-        """Take the request's share of its tenant's rate budgets: one request, and its
-        estimated ``tokens``; False when it is over a budget and was answered 429 (503
-        while the budgets cannot be reached under ``closed``)."""
+    async def _budget(self, payload: bytes | None) -> bool:
+        """Put the request's token estimate in its ticket (when the gate counts tokens) and
+        take its share of the tenant's rate budgets; False when it is over one and was
+        answered 429 (503 while they cannot be reached under ``closed``)."""
         plan = self.plan
-        assert plan.rates is not None
+        tokens = 0 if plan.tokens_of is None else plan.tokens_of(payload)
+        if plan.gate_tokens:
+            self.ticket = self.ticket._replace(tokens=tokens)
+        if plan.rates is None:
+            return True
         try:
             refused = await plan.rates.reserve(self.ticket.tenant, tokens)
         except Rejected as exc:
@@ -264,7 +264,7 @@ class Flight:
         return True
 
     def _refund(self) -> None:
-        """Give back what ``_reserve`` took: the request was refused, or left, unserved."""
+        """Give back what ``_budget`` took: the request was refused, or left, unserved."""
         if self.reserved is not None and self.plan.rates is not None:
             self.plan.rates.refund(self.ticket.tenant, self.reserved)
         self.reserved = None

@@ -66,6 +66,7 @@ class FlightPlan:
     __slots__ = (
         "answers_aside",
         "app",
+        "budgets",
         "complaints",
         "default",
         "default_ticket",
@@ -137,6 +138,9 @@ class FlightPlan:
                 estimate_tokens, default_max_tokens=config.default_max_tokens
             )
         self.reads_body = plugins.wants_body or router is not None or self.tokens_of is not None
+        #: whether a request has budgets to answer to (``Flight._budget``): the fast path
+        #: of a gateway without them pays one check
+        self.budgets = self.tokens_of is not None or rates is not None
         self.max_body = config.max_body_bytes
         self.default = Classification(config.default_tenant, config.default_priority)
         #: the default class's ticket (tickets are immutable: one serves every request)

@@ -212,7 +212,9 @@ class LocalSeats(FairQueue):
         held[tenant] = held.get(tenant, 0) + seats
         if counts_tokens:
             self._count_tokens(ticket, 1)
-        self._turns.take(tenant)
+        turns = self._turns  # turns.take(tenant), written out
+        turns.count += 1
+        turns.of[tenant] = turns.count
         self.taken += 1
         return True
 

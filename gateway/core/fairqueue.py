@@ -102,8 +102,8 @@ class FairQueue:
         #: by load, for eviction; None until the first eviction asks (most policies never do)
         self._heavy: list[TenantHeap] | None = None
         self._next_order = 0
-        #: each tenant's turn for ties
-        self._turns = Turns()
+        #: each tenant's turn for ties; the tenants holding or waiting keep theirs
+        self._turns = Turns(self._tenant_inflight, self._tenant_queued)
 
     # -- what policies and snapshots may read -------------------------------------------
 
@@ -196,7 +196,7 @@ class FairQueue:
         else:
             del held[tenant]
             if tenant not in self._tenant_queued:
-                self._turns.went_idle(tenant, self._active)
+                self._turns.went_idle(tenant)
         if self.queued:
             self._rekey(tenant)
 
@@ -344,7 +344,7 @@ class FairQueue:
         else:
             del self._tenant_queued[tenant]
             if tenant not in self._tenant_inflight:
-                self._turns.went_idle(tenant, self._active)
+                self._turns.went_idle(tenant)
 
     def _count_tokens(self, ticket: Ticket, sign: int) -> None:
         """Count a ticket's tokens in (``sign`` 1) or out (-1) of flight."""
@@ -357,9 +357,6 @@ class FairQueue:
                 self._tenant_tokens[tenant] = left
             else:
                 self._tenant_tokens.pop(tenant, None)
-
-    def _active(self, tenant: str) -> bool:
-        return tenant in self._tenant_inflight or tenant in self._tenant_queued
 
     def _drop_dead_heads(self, rank: int, tenant: str) -> None:
         queue = self._queues[rank][tenant]
