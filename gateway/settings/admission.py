@@ -110,8 +110,8 @@ class AdmissionSettings(Declared):
     default_max_tokens: int = setting(
         256,
         doc="Tokens a request that states no `max_tokens` (nor `max_completion_tokens`) is "
-        "expected to generate, for the estimate `tenant_tpm` reserves. Whole number from 0 "
-        "to 10^9.",
+        "expected to generate, in the estimate `tenant_tpm`, `global_max_tokens_in_flight` "
+        "and `fairness_cost` count. Whole number from 0 to 10^9.",
         parse=parsers.env_int,
         check=checks.check_int(0, checks.MAX_COUNT),
     )
