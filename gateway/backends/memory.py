@@ -71,6 +71,11 @@ class MemoryBackend:
             self._dispatch()
         verdict = admit(queue, ticket, limit, self._decide, now=loop.time())
         if isinstance(verdict, Granted):
+            if queue.queued and queue.inflight < limit:
+                # the grant moved its tenant back in the fair order: a waiter of a less
+                # urgent class may be the first in line now, and fit (as in step.lua,
+                # which dispatches after every call)
+                self._dispatch()
             return Permit(ticket)
         if isinstance(verdict, Queued):
             # nothing can dispatch between admit() and here: the handle is set in time

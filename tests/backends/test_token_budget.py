@@ -139,3 +139,23 @@ async def _live_pods_seen(gateway: Any, n: int) -> bool:
 
 async def _mode_is(gateway: Any, mode: str) -> bool:
     return bool(gateway.backend.mode == mode)
+
+
+async def test_a_grant_on_arrival_lets_the_waiter_that_is_first_in_line_now_run(
+    make: Make,
+) -> None:
+    """Found by a fuzz of both backends: a critical request granted at once moves its
+    tenant behind the other in the fair order, and the other's waiter, which fits, ran
+    at once in Redis but waited in process until the next release."""
+    gateway = await make(global_max_in_flight=5, global_max_tokens_in_flight=100)
+    first = await gateway.scheduler.acquire(Ticket("b", tokens=60))
+    too_big, fits = await waiting(gateway, Ticket("a", tokens=50), Ticket("b", tokens=10))
+    assert not too_big.done() and not fits.done()
+    critical = await gateway.scheduler.acquire(Ticket("a", "critical", tokens=20))
+    await settle(gateway)
+    # a holds 1 and b holds 1: b was served least recently, its head fits (90 <= 100)
+    assert fits.done() and not too_big.done()
+    for permit in (first, critical, fits.result()):
+        permit.release()
+    (await asyncio.wait_for(too_big, 2)).release()
+    await assert_drained(gateway)

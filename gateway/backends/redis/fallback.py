@@ -84,7 +84,10 @@ class Fallback:
         loop = asyncio.get_running_loop()
         verdict = admit(self._queue, ticket, self.share, self._decide, now=loop.time())
         if isinstance(verdict, Granted):
-            return self._grant(ticket, counted=True)
+            permit = self._grant(ticket, counted=True)
+            if self._queue.queued:  # another head may be first in line now (memory.py)
+                self._dispatch()
+            return permit
         if isinstance(verdict, Queued):
             pending = Pending(ticket, loop.create_future(), self._new_id())
             self._file(verdict.waiter, pending)
