@@ -161,6 +161,25 @@ def has_json_body(scope: Scope, limit: int) -> bool:
     return length is not None and length <= limit
 
 
+def reads_body(scope: Scope, limit: int, *, routed: bool, priced: bool) -> bool:
+    """Whether the gateway reads the request's body before admission. ``routed``: a
+    classifier or the router reads JSON bodies (``has_json_body``; a declared JSON body
+    over ``limit`` is then refused 413). ``priced``: a token budget estimates it, from a
+    JSON body, or one with neither ``Content-Type`` nor ``Content-Length`` (sent chunked:
+    a server may parse it as JSON all the same), up to ``limit``; a body declared longer
+    is not read for that alone, its length prices it."""
+    if has_json_body(scope, limit) and routed:
+        return True
+    if not priced or scope["method"] not in _BODY_METHODS:
+        return False
+    length = declared_length(scope)
+    if length is not None:
+        return length <= limit and has_json_body(scope, limit)
+    return has_json_body(scope, limit) or not any(
+        name == b"content-type" for name, _ in scope["headers"]
+    )
+
+
 def client_left(error: Exception, body: RequestBody | None) -> bool:
     """Whether an app raised ``error`` because its client went away: the flight watched
     ``body`` and saw the disconnect, or the error is Starlette's ``ClientDisconnect``

@@ -22,7 +22,6 @@ from gateway.asgi.body import (
     client_left,
     declared_length,
     expects_continue,
-    has_json_body,
 )
 from gateway.asgi.plan import FlightPlan, keep_record, naming_upstream, record_of, routed_keys
 from gateway.asgi.responses import answer_not_started, send_bad_request, send_rejection
@@ -31,6 +30,7 @@ from gateway.core.tickets import ticket as make_ticket
 from gateway.errors import BadRequest, Disconnected, Rejected, Unroutable
 from gateway.faults import PASSED_ON
 from gateway.protocols import Classification, FreeSeats, Permit, RequestInfo
+from gateway.rates.budgets import Refund
 from gateway.routing.router import Decision
 from gateway.telemetry import tallies
 from gateway.telemetry.tracing import close_span, open_span
@@ -82,8 +82,8 @@ class Flight:
         self.seats: FreeSeats | None = None
         self.permit: Permit | None = None
         self.decision: Decision | None = None
-        #: the tokens reserved from the tenant's rate budgets (None: nothing reserved)
-        self.reserved: int | None = None
+        #: gives back what the tenant's rate budgets reserved (None: nothing to give back)
+        self.reserved: Refund | None = None
         #: the admission span, while the process traces and the gate has not answered
         self.span: Span | None = None
         #: the status of the response the app began through ``send`` (``_send``); 0 before
@@ -100,7 +100,7 @@ class Flight:
         scope = self.scope
         payload = None
         try:
-            if plan.reads_body and has_json_body(scope, plan.max_body):
+            if plan.reads_body and plan.reads(scope):
                 self.body = RequestBody(self.receive, plan.max_body, declared_length(scope))
                 payload = await self.body.read()
             if plan.header_ticket is not None:
@@ -248,26 +248,23 @@ class Flight:
         take its share of the tenant's rate budgets; False when it is over one and was
         answered 429 (503 while they cannot be reached under ``closed``)."""
         plan = self.plan
-        tokens = 0 if plan.tokens_of is None else plan.tokens_of(payload)
+        tokens = 0 if plan.tokens_of is None else plan.tokens_of(payload, self.scope)
         if plan.gate_tokens:
             self.ticket = self.ticket._replace(tokens=tokens)
         if plan.rates is None:
             return True
-        try:
-            refused = await plan.rates.reserve(self.ticket.tenant, tokens)
-        except Rejected as exc:
-            refused = exc
-        if refused is not None:
-            await self._reject(refused)
+        reserved = await plan.rates.reserve(self.ticket.tenant, tokens)
+        if isinstance(reserved, Rejected):
+            await self._reject(reserved)
             return False
-        self.reserved = tokens
+        self.reserved = reserved
         return True
 
     def _refund(self) -> None:
         """Give back what ``_budget`` took: the request was refused, or left, unserved."""
-        if self.reserved is not None and self.plan.rates is not None:
-            self.plan.rates.refund(self.ticket.tenant, self.reserved)
-        self.reserved = None
+        refund, self.reserved = self.reserved, None
+        if refund is not None:
+            refund()
 
     async def _reject(self, exc: Rejected, *, waited_s: float | None = None) -> None:
         """Answer a request the gateway refused (429/503), counted and observed."""

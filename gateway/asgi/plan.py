@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
+from gateway.asgi.body import reads_body
 from gateway.asgi.responses import send_json_error
 from gateway.complaints import Complaints
 from gateway.core.memo import Memo
@@ -17,7 +18,7 @@ from gateway.errors import BadRequest, Unroutable
 from gateway.faults import PASSED_ON
 from gateway.gateway import Gateway
 from gateway.protocols import Classification, Permit
-from gateway.rates.estimate import estimate_tokens
+from gateway.rates.estimate import request_tokens
 from gateway.routing.request import RequestReader
 from gateway.routing.router import Decision
 from gateway.types import ASGIApp, Message, Scope, Send
@@ -85,6 +86,7 @@ class FlightPlan:
         "records",
         "retry_after_s",
         "retry_unroutable_s",
+        "routed_body",
         "router",
         "scheduler",
         "tallies",
@@ -127,7 +129,7 @@ class FlightPlan:
         #: the tenants' rate budgets (None when no tenant has one), and what a request
         #: reserves of tokens, from its JSON body (None when no budget counts tokens)
         self.rates = rates = gateway.rates
-        self.tokens_of: Callable[[bytes | None], int] | None = None
+        self.tokens_of: Callable[[bytes | None, Scope], int] | None = None
         #: whether the gate counts tokens (a token budget, or fair by tokens): the ticket
         #: then carries the request's estimate
         self.gate_tokens = (
@@ -135,9 +137,11 @@ class FlightPlan:
         )
         if self.gate_tokens or (rates is not None and rates.rules.counts_tokens):
             self.tokens_of = functools.partial(
-                estimate_tokens, default_max_tokens=config.default_max_tokens
+                request_tokens, default_max_tokens=config.default_max_tokens
             )
-        self.reads_body = plugins.wants_body or router is not None or self.tokens_of is not None
+        #: whether a classifier or the router reads JSON bodies; whether any body is read
+        self.routed_body = plugins.wants_body or router is not None
+        self.reads_body = self.routed_body or self.tokens_of is not None
         #: whether a request has budgets to answer to (``Flight._budget``): the fast path
         #: of a gateway without them pays one check
         self.budgets = self.tokens_of is not None or rates is not None
@@ -162,6 +166,12 @@ class FlightPlan:
         #: tells the providers that follow time to first byte each admitted request's;
         #: None when no provider does, and then a request pays nothing for it
         self.first_byte = FirstByteFeed.of(gateway, complaints)
+
+    def reads(self, scope: Scope) -> bool:
+        """Whether this request's body is read before admission (see ``reads_body``)."""
+        return reads_body(
+            scope, self.max_body, routed=self.routed_body, priced=self.tokens_of is not None
+        )
 
     def admitted_record(self, ticket: Ticket, permit: Permit | None) -> Record:
         """The record of a request admitted without routing: its own when it waited for

@@ -85,6 +85,16 @@ def give_back(tat: float, now: float, cost: int, per_minute: int) -> float:
     return max(now, tat - cost * WINDOW_S / per_minute)
 
 
+def _slower(requests: OverRate | None, tokens: OverRate | None) -> OverRate:
+    """The refusal of the budget that keeps the request waiting longest (never first): a
+    client told to retry then finds both budgets with room."""
+    waits = [over for over in (tokens, requests) if over is not None and over.retry_after_s != 0]
+    never = [over for over in waits if over.retry_after_s is None]
+    if never:
+        return never[0]
+    return max(waits, key=lambda over: over.retry_after_s or 0.0)
+
+
 #: How many tenants' times are kept before the ones that hold nothing are swept away.
 _SWEEP_AT: Final[int] = 1024
 
@@ -93,9 +103,11 @@ class LocalRates:
     """The rate budgets of one process: ``reserve`` before admission, ``refund`` when the
     request did not run after all.
 
-    What the caller may rely on: a reservation takes from both budgets or from neither;
-    a tenant whose reservations have all been earned back holds no memory here, so the
-    state is bounded by the tenants active within the last minute (swept when it grows).
+    What the caller may rely on: a reservation takes from both budgets or from neither,
+    and a refusal waits for both (its ``retry_after_s`` is the longer wait, None when
+    either never fits); a tenant whose reservations have all been earned back is swept
+    away when the state grows, so it holds at most about twice the most tenants active
+    within a minute.
     ``scale`` multiplies every budget (a pod's share of the pool's, when it decides
     alone); it may change between calls.
     """
@@ -117,13 +129,18 @@ class LocalRates:
             return None
         tats = self._tats.get(tenant) or [now, now]
         new_requests = tats[0] if rpm is None else spend(tats[0], now, 1, rpm)
-        if new_requests is None:
-            assert rpm is not None
-            return OverRate("requests_per_minute", wait_for(tats[0], now, 1, rpm), rpm, 1)
         new_tokens = tats[1] if tpm is None else spend(tats[1], now, tokens, tpm)
-        if new_tokens is None:
-            assert tpm is not None
-            return OverRate("tokens_per_minute", wait_for(tats[1], now, tokens, tpm), tpm, tokens)
+        if new_requests is None or new_tokens is None:
+            return _slower(
+                None
+                if rpm is None
+                else OverRate("requests_per_minute", wait_for(tats[0], now, 1, rpm), rpm, 1),
+                None
+                if tpm is None
+                else OverRate(
+                    "tokens_per_minute", wait_for(tats[1], now, tokens, tpm), tpm, tokens
+                ),
+            )
         self._tats[tenant] = [new_requests, new_tokens]
         if len(self._tats) >= self._swept_at:
             self._sweep(now)

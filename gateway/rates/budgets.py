@@ -5,8 +5,10 @@ interface the request path calls before admission.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.core.rates import WINDOW_S, LocalRates, OverRate, RateRules
@@ -17,22 +19,30 @@ if TYPE_CHECKING:
     from gateway.settings import Settings
 
 
+#: Gives a reservation back, to where it was taken; never blocks, never raises.
+Refund = Callable[[], None]
+
+
+def _nothing() -> None:
+    """The refund of a reservation that took nothing (a tenant without budgets)."""
+
+
+NOTHING: Refund = _nothing
+
+
 class RateBudgets(Protocol):
     """The tenants' budgets of requests and tokens per minute.
 
     ``reserve`` takes one request and ``tokens`` from ``tenant``'s budgets and answers
-    None, or takes nothing and answers the ``Rejected`` (429) to send; it may raise
-    ``Rejected`` (503 ``unavailable``) when the budgets cannot be reached and
-    ``redis_failure_mode`` is ``closed``. ``refund`` returns a reservation whose request
-    did not run (the gate refused it, or its client left while it waited); it never
-    blocks and never raises.
+    the ``Refund`` that gives them back, for a request that did not run after all (the
+    gate refused it, or its client left while it waited); or it takes nothing and
+    answers the ``Rejected`` to send: 429, or 503 ``unavailable`` when the budgets cannot
+    be reached and ``redis_failure_mode`` is ``closed``.
     """
 
     rules: RateRules
 
-    async def reserve(self, tenant: str, tokens: int) -> Rejected | None: ...
-
-    def refund(self, tenant: str, tokens: int) -> None: ...
+    async def reserve(self, tenant: str, tokens: int) -> Refund | Rejected: ...
 
 
 class InProcessRates:
@@ -42,11 +52,16 @@ class InProcessRates:
         self.rules = rules
         self._rates = LocalRates(rules)
 
-    async def reserve(self, tenant: str, tokens: int) -> Rejected | None:
+    async def reserve(self, tenant: str, tokens: int) -> Refund | Rejected:
+        rpm, tpm = self.rules.of(tenant)
+        if rpm is None and tpm is None:
+            return NOTHING
         over = self._rates.reserve(tenant, tokens, time.monotonic())
-        return None if over is None else over_rate(over)
+        if over is not None:
+            return over_rate(over)
+        return functools.partial(self._refund, tenant, tokens)
 
-    def refund(self, tenant: str, tokens: int) -> None:
+    def _refund(self, tenant: str, tokens: int) -> None:
         self._rates.refund(tenant, tokens, time.monotonic())
 
 

@@ -101,8 +101,8 @@ class AdmissionSettings(Declared):
     tenant_tpm: int | Mapping[str, int] | None = setting(
         None,
         doc="Tokens per minute a tenant may reserve, in the form of `tenant_rpm`. A "
-        "request's tokens are estimated before admission from its JSON body (prompt bytes "
-        "/ 4, plus `max_tokens` or `default_max_tokens`, times `n`); over the budget, "
+        "request's tokens are estimated before admission from its body (prompt bytes / 4, "
+        "plus `n` times `max_tokens` or `default_max_tokens`); over the budget, "
         "`429 tokens_per_minute`. See [rate budgets](#rate-budgets).",
         parse=parsers.env_caps,
         check=checks.check_caps,
@@ -163,8 +163,10 @@ class AdmissionSettings(Declared):
     )
     max_body_bytes: int = setting(
         8 * 1024 * 1024,
-        doc="Largest JSON request body read (for routing, or a classifier plugin that reads "
-        "bodies; the built-in one reads none); a larger one gets `413`. JSON is "
+        doc="Largest JSON request body read (for routing, a classifier plugin that reads "
+        "bodies, or a token estimate; the built-in classifier reads none); a larger one "
+        "gets `413`, but for a token estimate alone (see [rate budgets](#rate-budgets)). "
+        "JSON is "
         "`application/json`, `application/*+json` or, within this length, no "
         "`Content-Type`, as vLLM reads it. "
         "Other bodies stream to the app; of a request waiting in the queue, at most 64 KiB "

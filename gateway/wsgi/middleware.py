@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from typing import Any
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-from gateway.asgi.body import has_json_body
 from gateway.core.exemptions import ExemptPaths
 from gateway.gateway import Gateway
 from gateway.settings import Settings
@@ -86,7 +85,7 @@ class WSGIGatewayMiddleware:
         plan = self._plans.current()
         scope = scope_of(environ, raw_path, path, self._unfold)
         ahead = None
-        if plan.reads_body and has_json_body(scope, plan.max_body):
+        if plan.reads_body and plan.reads(scope):
             ahead = body_ahead(environ, plan.max_body)
         loop = self._loop.loop()
         passage = Passage(loop)

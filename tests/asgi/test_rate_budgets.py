@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -164,3 +164,42 @@ def test_a_token_budget_holds_requests_by_their_estimate_and_status_shows_it() -
 
 async def _queued(gw: GatewayMiddleware) -> bool:
     return gw.gateway.snapshot().queued >= 1
+
+
+def test_bodies_the_gateway_would_not_read_as_json_are_priced_too() -> None:
+    """A server that parses any body as JSON (vLLM without a Content-Type) must not get
+    what the budget would refuse for free: a chunked body without a Content-Type is read
+    and estimated; one declared larger than ``max_body_bytes`` is priced by its length
+    (and still reaches the app: no 413 for a budget alone)."""
+
+    async def scenario() -> None:
+        settings = Settings(
+            tenant_header="x-tenant", tenant_tpm={"a": 1000, "b": 4000}, max_body_bytes=10_000
+        )
+        gw = GatewayMiddleware(app(), settings)
+        body = json.dumps({"prompt": "", "max_tokens": 600}).encode()
+
+        async def chunked() -> AsyncIterator[bytes]:
+            yield body
+
+        async with serve_in_task(gw) as server, httpx.AsyncClient(trust_env=False) as http:
+            url = f"{server.url}/v1/completions"
+            untyped = [
+                await http.post(url, headers={"x-tenant": "a"}, content=chunked()) for _ in range(2)
+            ]
+            large = json.dumps({"prompt": "x" * 12_000, "max_tokens": 1}).encode()
+            big = [
+                await http.post(
+                    url,
+                    headers={"x-tenant": "b", "content-type": "application/json"},
+                    content=large,
+                )
+                for _ in range(2)
+            ]
+        assert [a.status_code for a in untyped] == [200, 429]
+        assert untyped[1].json()["error"]["code"] == "tokens_per_minute"
+        # 12 000 bytes: over 3 000 tokens each, read by the app, not refused 413
+        assert [a.status_code for a in big] == [200, 429]
+        assert big[1].json()["error"]["code"] == "tokens_per_minute"
+
+    run(scenario)

@@ -99,3 +99,18 @@ def test_tenants_idle_for_a_minute_are_forgotten() -> None:
     # a reservation is earned back within a second (60 per minute): at most the last
     # ~10 tenants hold anything, plus those not yet swept
     assert len(rates) <= 1024 + 10
+
+
+def test_a_refusal_names_the_longer_wait_of_both_budgets() -> None:
+    """A client told the first refusing budget's wait would find the other still short."""
+    rates = LocalRates(rules(rpm={"a": 3}, tpm={"a": 1000}))
+    for _ in range(3):
+        assert rates.reserve("a", 300, now=0.0) is None
+    fourth = rates.reserve("a", 300, now=0.0)  # tokens in 12 s, a request in 20 s
+    assert fourth is not None and fourth.reason == "requests_per_minute"
+    assert fourth.retry_after_s == pytest.approx(20.0)
+    larger = rates.reserve("a", 900, now=0.0)  # 900 tokens in 48 s
+    assert larger is not None and larger.reason == "tokens_per_minute"
+    assert larger.retry_after_s == pytest.approx(48.0)
+    never = rates.reserve("a", 5000, now=0.0)  # never, whatever the request budget says
+    assert never is not None and never.retry_after_s is None

@@ -94,6 +94,7 @@ class RedisBackend:
         self._channel = PodChannel(state, self._client, self._caller, self._leases, self._failure)
         self._tasks: list[asyncio.Task[None]] = []
         self._view = PoolView(state)
+        self._rates: SharedRates | None = None
         #: the leader lease (with computed providers) and what this pod says of capacity
         self._leadership = Leadership(self._client, state, settings, self._caller.kick)
 
@@ -141,6 +142,8 @@ class RedisBackend:
         await asyncio.gather(*stopping, return_exceptions=True)
         self._tasks.clear()
         await self._leadership.resign()
+        if self._rates is not None:  # the refunds of the requests just refused go first
+            await self._rates.stop()
         with contextlib.suppress(Exception):
             await self._script.aclose()
         if not self._client_given:
@@ -150,7 +153,8 @@ class RedisBackend:
     def shared_rates(self, rules: RateRules) -> SharedRates:
         """The tenants' rate budgets, kept in this pool's Redis beside its seats (the
         gateway asks for them when ``tenant_rpm`` or ``tenant_tpm`` is set)."""
-        return SharedRates(self._client, self._state, rules)
+        self._rates = SharedRates(self._client, self._state, rules)
+        return self._rates
 
     # -- the counter backend Protocol -----------------------------------------------------
 

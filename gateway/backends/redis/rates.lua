@@ -1,48 +1,63 @@
--- obleth rate budgets: one tenant's requests and tokens per minute, shared by a pool.
+-- obleth rate budgets: tenants' requests and tokens per minute, shared by a pool.
 --
--- KEYS[1]: obleth:{<pool>}:rate:<escaped tenant>, a hash of two times in ms of Redis' own
--- clock: 'r' for the request budget, 't' for the token budget (see gateway/core/rates.py,
--- which computes the same in one process: a GCRA over one minute).
--- ARGV: 1 'reserve' or 'refund'   2 requests per minute (0: no budget)
---       3 tokens per minute (0: no budget)   4 the request's tokens
+-- One call carries a batch of operations, one per key: KEYS[i] is
+-- obleth:{<pool>}:rate:<escaped tenant>, and ARGV holds four words per operation:
+--   'reserve' or 'refund', requests per minute (0: no budget), tokens per minute (0: no
+--   budget), the request's tokens.
+-- Each budget is a GCRA over one minute, as gateway/core/rates.py computes it in one
+-- process. The hash keeps, per budget ('r' requests, 't' tokens), how long until what it
+-- reserved is earned back, in ms as of 'at' (Redis' clock, ms): times relative to the
+-- moment they were written, so that a tiny cost (a token of a budget of 10^9 a minute is
+-- 60 ns) is not lost in the digits of an absolute time.
 --
--- reserve: take one request and the tokens from both budgets, or nothing. Answers {0}
--- when taken; else {1 (requests) or 2 (tokens), ms until it would fit, -1 for never}.
--- refund: give a reservation back, never crediting time before now. Answers {0}.
--- The key expires when both budgets are whole again, so idle tenants cost no memory.
+-- reserve: take one request and the tokens from both budgets, or nothing. Answers 0 and
+-- 0 when taken; else 1 (requests) or 2 (tokens), and the ms until both would have room:
+-- the longer wait, -1 when the tokens exceed the whole budget (they never fit).
+-- refund: give a reservation back, never crediting time before now. Answers 0 and 0.
+-- A key expires when both budgets are whole again, so idle tenants cost no memory.
 
 local WINDOW = 60000
-local key, op = KEYS[1], ARGV[1]
-local rpm, tpm, tokens = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local tats = redis.call('HMGET', key, 'r', 't')
-local r_tat = math.max(tonumber(tats[1]) or now, now)
-local t_tat = math.max(tonumber(tats[2]) or now, now)
+local answers = {}
 
-if op == 'refund' then
-  if tats[1] == false and tats[2] == false then return { 0 } end
-  if rpm > 0 then r_tat = math.max(now, r_tat - WINDOW / rpm) end
-  if tpm > 0 then t_tat = math.max(now, t_tat - tokens * WINDOW / tpm) end
-else
-  if rpm > 0 then
-    local after = r_tat + WINDOW / rpm
-    if after - now > WINDOW then return { 1, math.ceil(after - now - WINDOW) } end
-    r_tat = after
+for i, key in ipairs(KEYS) do
+  local at = 4 * (i - 1)
+  local op, rpm, tpm = ARGV[at + 1], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+  local tokens = tonumber(ARGV[at + 4])
+  local kept = redis.call('HMGET', key, 'r', 't', 'at')
+  local since = now - (tonumber(kept[3]) or now)
+  -- what each budget still owes, as of now (0: whole)
+  local r_owed = math.max((tonumber(kept[1]) or 0) - since, 0)
+  local t_owed = math.max((tonumber(kept[2]) or 0) - since, 0)
+  local code, wait = 0, 0
+  if op == 'refund' then
+    if rpm > 0 then r_owed = math.max(r_owed - WINDOW / rpm, 0) end
+    if tpm > 0 then t_owed = math.max(t_owed - tokens * WINDOW / tpm, 0) end
+  else
+    local r_after, t_after = r_owed, t_owed
+    if rpm > 0 then r_after = r_owed + WINDOW / rpm end
+    if tpm > 0 then t_after = t_owed + tokens * WINDOW / tpm end
+    if tpm > 0 and tokens > tpm then
+      code, wait = 2, -1
+    elseif r_after > WINDOW or t_after > WINDOW then
+      local r_wait, t_wait = math.max(r_after - WINDOW, 0), math.max(t_after - WINDOW, 0)
+      if t_wait > r_wait then code, wait = 2, t_wait else code, wait = 1, r_wait end
+      wait = math.ceil(wait)
+    else
+      r_owed, t_owed = r_after, t_after
+    end
   end
-  if tpm > 0 then
-    if tokens > tpm then return { 2, -1 } end
-    local after = t_tat + tokens * WINDOW / tpm
-    if after - now > WINDOW then return { 2, math.ceil(after - now - WINDOW) } end
-    t_tat = after
+  if code == 0 then
+    local left = math.max(r_owed, t_owed)
+    if left <= 0 then
+      redis.call('DEL', key)
+    else
+      redis.call('HSET', key, 'r', r_owed, 't', t_owed, 'at', string.format('%.3f', now))
+      redis.call('PEXPIRE', key, math.ceil(left) + 1000)
+    end
   end
+  answers[#answers + 1] = code
+  answers[#answers + 1] = wait
 end
-
-local left = math.max(r_tat, t_tat) - now
-if left <= 0 then
-  redis.call('DEL', key)
-else
-  redis.call('HSET', key, 'r', string.format('%.3f', r_tat), 't', string.format('%.3f', t_tat))
-  redis.call('PEXPIRE', key, math.ceil(left) + 1000)
-end
-return { 0 }
+return answers
