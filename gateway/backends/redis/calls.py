@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import redis.exceptions
 from tenacity import (
@@ -56,8 +57,26 @@ UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, 
 FAILED = (*UNREACHABLE, redis.exceptions.ResponseError)
 
 
+_T = TypeVar("_T")
+
+
 class RedisUnavailable(Exception):
     """Redis did not answer within the retry budget."""
+
+
+async def retry_within(left_s: float, budget_s: float, attempt: Callable[[], Awaitable[_T]]) -> _T:
+    """``attempt()`` tried again on ``FAILED``, with jittered backoff (at most a quarter of
+    the retry budget ``budget_s`` between tries), for ``left_s`` more seconds; raises the
+    last failure."""
+    async for retry in AsyncRetrying(
+        stop=stop_after_delay(left_s),
+        wait=wait_random_exponential(multiplier=0.02, max=budget_s / 4),
+        retry=retry_if_exception_type(FAILED),
+        reraise=True,
+    ):
+        with retry:
+            return await attempt()
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class SentAcquire:
@@ -238,17 +257,9 @@ class Caller:
         args[RETRIED] = 1
         args[PROBE] = 1
         try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_delay(left_s),
-                wait=wait_random_exponential(multiplier=0.02, max=self._budget_s / 4),
-                retry=retry_if_exception_type(FAILED),
-                reraise=True,
-            ):
-                with attempt:
-                    return await self._attempt(args)
+            return await retry_within(left_s, self._budget_s, lambda: self._attempt(args))
         except FAILED as exc:
             raise RedisUnavailable(_failure(exc)) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _attempt(self, args: list[Any]) -> StepReply:
         """One try of one call, with a deadline past which Redis must not run it (this pod

@@ -29,10 +29,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay
-from tenacity import wait_random_exponential as backoff
-
-from gateway.backends.redis.calls import FAILED
+from gateway.backends.redis.calls import FAILED, retry_within
 from gateway.backends.redis.connect import Client
 from gateway.backends.redis.keys import escape_tenant
 from gateway.backends.redis.pod import PodState
@@ -171,20 +168,15 @@ class SharedRates:
         args = [word for op in batch for word in op.args]
         started = time.monotonic()
         try:
-            return list(await self._script(keys=keys, args=args))
+            return await self._attempt(keys, args)
         except FAILED:
             left_s = self._budget_s - (time.monotonic() - started)
             if left_s <= 0 or self._pod.fallback is not None:
                 raise
-        async for attempt in AsyncRetrying(
-            stop=stop_after_delay(left_s),
-            wait=backoff(multiplier=0.02, max=self._budget_s / 4),
-            retry=retry_if_exception_type(FAILED),
-            reraise=True,
-        ):
-            with attempt:
-                return list(await self._script(keys=keys, args=args))
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await retry_within(left_s, self._budget_s, lambda: self._attempt(keys, args))
+
+    async def _attempt(self, keys: list[str], args: list[Any]) -> list[Any]:
+        return list(await self._script(keys=keys, args=args))
 
     # -- without Redis -----------------------------------------------------------------
 
