@@ -194,6 +194,7 @@ def refuse_flags_without_effect(args: argparse.Namespace, plan: Plan, sweep: Swe
             ("--policy", args.policy),
             ("--max-queue", args.max_queue),
             ("--queue-timeout", args.queue_timeout),
+            ("--fairness-cost", args.fairness_cost),
         ):
             if value is not None:
                 raise BadFlag(

@@ -1,9 +1,10 @@
 """The fair queue: seats in flight and waiting requests, per tenant and priority class.
 
-Dispatch is weighted max-min fairness in seats held (in tokens, with ``fair_by_tokens``:
-each ticket's estimate): among the tenants waiting in the most urgent non-empty class, the
-next seat goes to the one with the smallest
-``(seats in flight + head's seats) / weight``, ties to the tenant whose turn is oldest: its
+Dispatch is weighted max-min fairness in seats held: among the tenants waiting in the most
+urgent non-empty class, the next seat goes to the one with the smallest
+``(seats in flight + head's seats) / weight`` (with ``fair_by_tokens``, ``tokens in flight
+/ weight``: a head's own estimate left out, else a large request would lose to a
+backlogged tenant for ever), ties to the tenant whose turn is oldest: its
 last grant, or its first request when it has had none (``turns.py``). Ties are common
 (with more tenants than seats, most hold none), and going by the oldest head instead gave
 a tenant whose requests arrived early seat after seat while tenants whose heads kept
@@ -383,7 +384,9 @@ class FairQueue:
             if queue is None:
                 continue
             head = queue[0]
-            cost = head.ticket.tokens if by_tokens else head.ticket.seats
+            # fair by tokens, a head's own estimate does not count: a large request would
+            # otherwise wait for ever behind a tenant whose key its releases keep below it
+            cost = 0 if by_tokens else head.ticket.seats
             key = ((held + cost) / weight, turn, head.order)
             self._ready[rank].set(tenant, key)
             if heavy is not None:

@@ -15,6 +15,7 @@ from tests.simulate.test_cli import simulate_in_process
         (["--policy=reject"], "--policy 'reject'", "give a limit too"),
         (["--max-queue=4"], "--max-queue 4", "give a limit too"),
         (["--queue-timeout=2"], "--queue-timeout 2.0", "give a limit too"),
+        (["--fairness-cost=tokens"], "--fairness-cost 'tokens'", "give a limit too"),
         (["--prefix-groups=5"], "--prefix-groups 5", "give --prefix-tokens too"),
         (
             ["--capacity-providers=static", "--policy=reject"],
@@ -45,6 +46,8 @@ def test_a_flag_with_nothing_to_act_on_exits_2_naming_it(
         ["--capacity-providers=static,adaptive", "--policy=reject"],
         ["--capacity-providers=kv-pressure", "--queue-timeout=2"],
         ["--prefix-groups=2", "--prefix-tokens=64"],
+        ["--policy=reject", "--max-tokens-in-flight=20000"],
+        ["--fairness-cost=tokens", "--max-in-flight=2"],
     ],
 )
 def test_the_same_flags_with_something_to_act_on_run(flags: list[str]) -> None:

@@ -71,9 +71,11 @@ class Fallback:
             return "new requests are answered 503 until Redis answers again"
         if self.mode == "open":
             return "every request is admitted until Redis answers again (no limit)"
+        tokens = self._queue.max_tokens
         return (
-            f"admitting up to {self.share} request(s) on this pod (limit / live pods last "
-            "seen); this is not a cluster-wide guarantee"
+            f"admitting up to {self.share} request(s)"
+            + ("" if tokens is None else f" and {tokens} tokens")
+            + " on this pod (limit / live pods last seen); this is not a cluster-wide guarantee"
         )
 
     def acquire(self, ticket: Ticket) -> Permit | Pending:

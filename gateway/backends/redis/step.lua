@@ -479,7 +479,9 @@ local function rekey(tenant)
       local meta = split(redis.call('HGET', WMETA, id))
       local entry = turn .. arrival .. '|' .. tenant
       local cost = tonumber(meta[4])
-      if ftok then cost = tonumber(meta[6] or '0') end
+      -- fair by tokens the head's own estimate does not count (as in fairqueue.py): a
+      -- large request would wait for ever behind a backlogged tenant
+      if ftok then cost = 0 end
       redis.call('ZADD', READY[rank], (held + cost) / w, entry)
       redis.call('HSET', RMEM, field, entry)
     elseif old then
@@ -734,9 +736,22 @@ if #config > 0 then
     'mtok', mtok, 'ftok', ftok and 1 or 0)
 end
 
+-- a tenant holding no seat holds no tokens: tokens left to one were counted by a lease
+-- that a pod of a version before tokens freed (a rolling upgrade); each heartbeat mends it
+local function mend_tokens()
+  local kept = redis.call('HKEYS', TTOK)
+  for _, tenant in ipairs(kept) do
+    if redis.call('HEXISTS', TIN, tenant) == 0 then
+      tokens_inflight = tokens_inflight - tonumber(redis.call('HGET', TTOK, tenant))
+      redis.call('HDEL', TTOK, tenant)
+    end
+  end
+end
+
 -- heartbeat: renew this pod's leases, re-assert those Redis no longer has, and report
 -- waiters granted without the pod hearing of it, or lost
 await_caller()
+if flags.heartbeat then mend_tokens() end
 local reasserted, missed, lost = 0, {}, {}
 if flags.heartbeat then
   local held = words(ARGV[13]) -- "<id> <tenant> <seats> <tokens>..."
@@ -990,6 +1005,11 @@ for to_pod, list in pairs(notes) do
 end
 
 if inflight ~= inflight_before then redis.call('HSET', S, 'inflight', inflight) end
+if inflight == 0 and tokens_inflight ~= 0 then
+  -- nothing in flight holds no tokens (see add_tenant_inflight)
+  tokens_inflight = 0
+  redis.call('DEL', TTOK)
+end
 if tokens_inflight ~= tokens_before then redis.call('HSET', S, 'tokens', tokens_inflight) end
 
 local roster_text = ''
