@@ -179,7 +179,7 @@ class FlightPlan:
         if permit is not None:
             return record_of(ticket, permit.waited_s)
         if ticket.tokens:  # one record per class, whatever the estimate
-            ticket = ticket._replace(tokens=0)
+            ticket = ticket.of_class
         record = self.records.get(ticket)
         if record is None:
             record = self.records.keep(ticket, record_of(ticket, 0.0))

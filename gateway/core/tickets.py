@@ -35,6 +35,12 @@ class Ticket(NamedTuple):
     def rank(self) -> int:
         return PRIORITY_RANK[self.priority]
 
+    @property
+    def of_class(self) -> Ticket:
+        """The ticket without its token estimate: what records and tallies key on, so
+        that every estimate of one class shares one key."""
+        return self._replace(tokens=0) if self.tokens else self
+
 
 _new_tuple = tuple.__new__
 

@@ -53,9 +53,7 @@ class InProcessRates:
         self._rates = LocalRates(rules)
 
     async def reserve(self, tenant: str, tokens: int) -> Refund | Rejected:
-        rpm, tpm = self.rules.of(tenant)
-        if rpm is None and tpm is None:
-            return NOTHING
+        # a tenant without budgets takes nothing, and its refund finds nothing to return
         over = self._rates.reserve(tenant, tokens, time.monotonic())
         if over is not None:
             return over_rate(over)

@@ -47,8 +47,7 @@ def request_tokens(body: bytes | None, scope: Scope, default_max_tokens: int) ->
     """The tokens the request of ``scope`` is expected to cost: from ``body``, the JSON the
     gateway read, or when it read none, from the length its headers declare."""
     if body is None:
-        length = declared_length(scope) or 0
-        return min(-(-length // BYTES_PER_TOKEN) + default_max_tokens, MAX_ESTIMATE)
+        return _unparsed(declared_length(scope) or 0, default_max_tokens)
     return estimate_tokens(body, default_max_tokens)
 
 
@@ -56,9 +55,13 @@ def estimate_tokens(body: bytes | None, default_max_tokens: int) -> int:
     """The tokens the request with ``body`` is expected to cost."""
     payload = parse_body(body)
     if payload is None:
-        size = len(body) if body else 0
-        return min(-(-size // BYTES_PER_TOKEN) + default_max_tokens, MAX_ESTIMATE)
+        return _unparsed(len(body) if body else 0, default_max_tokens)
     return tokens_of(payload, default_max_tokens)
+
+
+def _unparsed(size: int, default_max_tokens: int) -> int:
+    """A body of ``size`` bytes that is no JSON object: all prompt, and the default."""
+    return min(-(-size // BYTES_PER_TOKEN) + default_max_tokens, MAX_ESTIMATE)
 
 
 def tokens_of(payload: Mapping[str, object], default_max_tokens: int) -> int:

@@ -75,9 +75,8 @@ class RequestTallies:
 
     def count(self, ticket: Ticket, outcome: str, reason: str = "") -> None:
         """One request of ``ticket`` ended with ``outcome`` (``reason``: why it was refused)."""
-        if ticket.tokens:  # counted by class: a key per token estimate would fold often
-            ticket = ticket._replace(tokens=0)
-        key = (ticket, outcome, reason)
+        # by class: a key per estimate would fold often (the check first: a hot path)
+        key = (ticket.of_class if ticket.tokens else ticket, outcome, reason)
         with self._lock:
             pending = self._pending
             pending[key] = pending.get(key, 0) + 1
