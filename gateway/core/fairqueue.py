@@ -274,8 +274,10 @@ class FairQueue:
     def eviction_victim(self, rank: int) -> Waiter | None:
         """The oldest waiter of the heaviest tenant, never from a class above ``rank``.
 
-        Heaviest means the largest ``(seats in flight + queued) / weight``; among that
-        tenant's classes the least urgent one loses first.
+        Heaviest means the largest ``(seats in flight + queued) / weight``; ties go to the
+        tenant with more requests waiting, then to the one whose head (in any class it
+        may lose from) arrived first, as in ``step.lua``. Among that tenant's classes the
+        least urgent one loses first.
         """
         heavy = self._heavy
         if heavy is None:
@@ -375,7 +377,8 @@ class FairQueue:
         inflight = self._tenant_inflight.get(tenant, 0)
         weight = self._weights.get(tenant, self._default_weight)
         heavy = self._heavy
-        load = (inflight + self._tenant_queued.get(tenant, 0)) / weight
+        queued = self._tenant_queued.get(tenant, 0)
+        load = (inflight + queued) / weight
         by_tokens = self._fair_by_tokens
         held = self._tenant_tokens.get(tenant, 0) if by_tokens else inflight
         turn = self._turns.of.get(tenant, 0)
@@ -390,4 +393,4 @@ class FairQueue:
             key = ((held + cost) / weight, turn, head.order)
             self._ready[rank].set(tenant, key)
             if heavy is not None:
-                heavy[rank].set(tenant, (-load, -len(queue)))
+                heavy[rank].set(tenant, (-load, -queued, head.order))

@@ -314,6 +314,26 @@ async def test_drop_oldest_evicts_the_flooders_oldest_waiter(make: Make) -> None
     await assert_drained(gateway)
 
 
+async def test_drop_oldest_between_tenants_as_heavy_evicts_the_older_head(make: Make) -> None:
+    """Tied in load and in requests waiting, the tenant whose head came first loses it,
+    in process and in Redis alike, whatever order their turns are in."""
+    gateway = await make(global_max_in_flight=2, max_queue=2, overflow_policy="drop-oldest")
+    held_b = await gateway.scheduler.acquire(Ticket("b"))
+    held_a = await gateway.scheduler.acquire(Ticket("a"))  # a's turn is now the later one
+    [a_waits] = await waiting(gateway, Ticket("a"))
+    [b_waits] = await waiting(gateway, Ticket("b"))
+    [newcomer] = await waiting(gateway, Ticket("c"))
+    with pytest.raises(Rejected) as caught:
+        await asyncio.wait_for(a_waits, 2)
+    assert caught.value.reason == "evicted"
+    assert not b_waits.done()
+    held_a.release()
+    held_b.release()
+    for task in (b_waits, newcomer):
+        (await asyncio.wait_for(task, 2)).release()
+    await assert_drained(gateway)
+
+
 async def test_block_waits_for_room_in_a_full_queue_and_admits_in_arrival_order(
     make: Make,
 ) -> None:

@@ -633,17 +633,22 @@ local function waiting_at_or_above(rank)
 end
 
 -- the oldest waiter of the heaviest tenant ((in flight + queued) / weight), never from a
--- class more urgent than the newcomer's; the least urgent class of that tenant loses first
+-- class more urgent than the newcomer's; ties go to the tenant with more waiting, then to
+-- the one whose head (in any class it may lose from) arrived first, as in process. The
+-- least urgent class of that tenant loses first
 local function eviction_victim(rank)
-  local best_tenant, best_load, best_queued = nil, nil, nil
+  local best_tenant, best_load, best_queued, best_arrival = nil, nil, nil, nil
   for r = rank, WAITING_RANKS do
     local entries = redis.call('ZRANGE', READY[r], 0, -1)
     for _, entry in ipairs(entries) do
       local tenant = entry_tenant(entry)
       local queued = tenant_queued(tenant)
       local load = (tenant_inflight(tenant) + queued) / weight(tenant)
-      if best_load == nil or load > best_load or (load == best_load and queued > best_queued) then
-        best_tenant, best_load, best_queued = tenant, load, queued
+      local _, arrival = head(r, tenant)
+      arrival = tonumber(arrival)
+      if best_load == nil or load > best_load or (load == best_load and (queued > best_queued
+          or (queued == best_queued and arrival < best_arrival))) then
+        best_tenant, best_load, best_queued, best_arrival = tenant, load, queued, arrival
       end
     end
   end
