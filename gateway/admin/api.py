@@ -45,7 +45,7 @@ from gateway.admin import dashboard, openapi
 from gateway.admin.contract import CAPACITY_PATH, MAX_BODY_BYTES, MAX_LIMIT, STATUS_PATH
 from gateway.admin.status import status
 from gateway.asgi.body import BodyTooLarge, RequestBody, declared_length
-from gateway.asgi.responses import error_document, send_json, send_json_error
+from gateway.asgi.responses import error_document, send_json, send_json_error, send_not_allowed
 from gateway.capacity import is_computed
 from gateway.core.exemptions import route_path
 from gateway.errors import Disconnected, PluginError
@@ -92,7 +92,7 @@ class _Admin:
             if method in ("GET", "HEAD"):
                 await public(send)
             else:
-                await _not_allowed(send, method, ("GET", "HEAD"))
+                await send_not_allowed(send, method, ("GET", "HEAD"))
             return
         try:
             presented = _bearer(scope)
@@ -106,13 +106,13 @@ class _Admin:
             if method in ("GET", "HEAD"):
                 await send_json(send, 200, status(self.gateway), [NO_STORE])
             else:
-                await _not_allowed(send, method, ("GET", "HEAD"))
+                await send_not_allowed(send, method, ("GET", "HEAD"))
         elif method in ("GET", "HEAD"):
             await self._capacity(send)
         elif method == "PUT":
             await self._set_capacity(scope, receive, send, presented)
         else:
-            await _not_allowed(send, method, ("GET", "HEAD", "PUT"))
+            await send_not_allowed(send, method, ("GET", "HEAD", "PUT"))
 
     async def _capacity(self, send: Send) -> None:
         await send_json(send, 200, {"max_in_flight": self.gateway.snapshot().limit}, [NO_STORE])
@@ -228,14 +228,6 @@ async def _unauthorized(send: Send) -> None:
     message = "a valid admin token is required: Authorization: Bearer <admin_token>"
     document = error_document(401, message, code="unauthorized")
     await send_json(send, 401, document, [(b"www-authenticate", b'Bearer realm="obleth"')])
-
-
-async def _not_allowed(send: Send, method: str, allowed: tuple[str, ...]) -> None:
-    """405, with the ``Allow`` header RFC 9110 (section 15.5.6) requires of it."""
-    *first, last = allowed
-    message = f"{method} is not allowed here; use {', '.join(first)} or {last}"
-    document = error_document(405, message, code="bad_method")
-    await send_json(send, 405, document, [(b"allow", ", ".join(allowed).encode())])
 
 
 def _limit_of(body: bytes) -> tuple[int | None, str | None]:

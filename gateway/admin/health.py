@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from gateway.asgi.responses import send_json
+from gateway.asgi.responses import send_json, send_not_allowed
 from gateway.complaints import Complaints
 from gateway.core.exemptions import route_path
 from gateway.gateway import Gateway
@@ -22,6 +22,7 @@ log = logging.getLogger("obleth")
 HEALTH_PATH = "/healthz"
 READY_PATH = "/readyz"
 METRICS_PATH = "/metrics"
+_PROBES = frozenset((HEALTH_PATH, READY_PATH, METRICS_PATH))
 
 METRICS_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 """The Prometheus text exposition format, as every Prometheus version scrapes it."""
@@ -60,7 +61,9 @@ def readiness(gateway: Gateway) -> tuple[int, dict[str, object]]:
 
 
 class Probes:
-    """Answers three paths itself, whatever the method; everything else goes to ``app``.
+    """Answers three paths itself; everything else goes to ``app``. They take GET and HEAD
+    (GET's status and headers, no body); any other method gets ``405 bad_method`` with an
+    ``Allow`` header, as the admin API answers.
 
     - ``/healthz``: ``200 {"status": "alive"}`` while the process runs.
     - ``/readyz``: ``200`` when the gateway is ready for traffic, ``503`` otherwise (see
@@ -90,14 +93,17 @@ class Probes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = route_path(scope) if scope["type"] == "http" else None
-        if path == HEALTH_PATH:
+        if path is None or path not in _PROBES or (path == METRICS_PATH and not self.metrics):
+            await self.app(scope, receive, send)
+        elif scope["method"] not in ("GET", "HEAD"):
+            await send_not_allowed(send, scope["method"], ("GET", "HEAD"))
+        elif path == HEALTH_PATH:
             await send_json(send, 200, {"status": "alive"})
         elif path == READY_PATH:
             await self._ready(send)
-        elif path == METRICS_PATH and self.metrics is not None:
-            await self._metrics(self.metrics(), send)
         else:
-            await self.app(scope, receive, send)
+            assert self.metrics is not None
+            await self._metrics(self.metrics(), send)
 
     async def _ready(self, send: Send) -> None:
         if not self.gateway.started:

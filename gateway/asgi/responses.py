@@ -33,6 +33,15 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
+async def send_not_allowed(send: Send, method: str, allowed: tuple[str, ...]) -> None:
+    """405 ``bad_method`` for ``method``, with the ``Allow`` header RFC 9110 (section
+    15.5.6) requires of it; ``allowed`` holds at least two methods."""
+    *first, last = allowed
+    message = f"{method} is not allowed here; use {', '.join(first)} or {last}"
+    document = error_document(405, message, code="bad_method")
+    await send_json(send, 405, document, [(b"allow", ", ".join(allowed).encode())])
+
+
 def error_document(
     status: int, message: str, *, code: str | None, param: str | None = None
 ) -> dict[str, object]:

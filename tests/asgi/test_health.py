@@ -173,3 +173,30 @@ def test_under_a_root_path_probes_and_exempt_paths_are_matched_below_it() -> Non
             assert answers[gated].json()["error"]["code"] == "over_capacity"
 
     asyncio.run(scenario())
+
+
+def test_probes_take_get_and_head_and_refuse_other_methods_with_405() -> None:
+    """A probe answers GET, and HEAD with GET's status and no body; a POST (a misconfigured
+    check, a stray client) is told 405 with ``Allow`` and never reaches the app."""
+
+    async def scenario() -> None:
+        middleware = GatewayMiddleware(metrics_app, Settings())
+        app = Probes(middleware, middleware.gateway, lambda: b"gateway metrics\n")
+        async with (
+            serve_in_task(app) as server,
+            httpx.AsyncClient(base_url=server.url, trust_env=False) as http,
+        ):
+            for path in ("/healthz", "/readyz", "/metrics"):
+                got = await http.get(path)
+                head = await http.head(path)
+                assert (head.status_code, head.content) == (got.status_code, b"")
+                assert head.headers["content-length"] == got.headers["content-length"]
+                for method in ("POST", "PUT", "DELETE"):
+                    refused = await http.request(method, path)
+                    assert refused.status_code == 405, (method, path)
+                    assert refused.headers["allow"] == "GET, HEAD"
+                    assert refused.json()["error"]["code"] == "bad_method"
+            # the app's own paths keep every method
+            assert (await http.post("/v1/anything")).text == "app metrics"
+
+    asyncio.run(scenario())
