@@ -90,6 +90,12 @@ def document() -> dict[str, Any]:
                     "`body_timeout`; nothing changed). The connection is closed.",
                     "content": _json(schemas.ref("Error")),
                 },
+                "HeadersTooLarge": {
+                    "description": "The request line and headers are longer than "
+                    "`max_header_bytes` (`code` `headers_too_large`), under `obleth serve`; "
+                    "the connection is closed and nothing changed.",
+                    "content": _json(schemas.ref("Error")),
+                },
                 "Unauthorized": {
                     "description": "No token, a wrong one, or a scheme other than Bearer.",
                     "headers": {
@@ -134,8 +140,12 @@ def _error_response(description: str) -> dict[str, Any]:
     return {"description": description, "content": _json(schemas.ref("Error"))}
 
 
-def _timed_out() -> dict[str, Any]:
-    return {"$ref": "#/components/responses/TimedOut"}
+def _client_faults() -> dict[str, Any]:
+    """The answers any operation may get for how the client sent it, whatever it asked."""
+    return {
+        "408": {"$ref": "#/components/responses/TimedOut"},
+        "431": {"$ref": "#/components/responses/HeadersTooLarge"},
+    }
 
 
 def _unauthorized() -> dict[str, Any]:
@@ -170,7 +180,7 @@ def _capacity_path() -> dict[str, Any]:
                 },
                 "400": _twice_authorized(),
                 "401": _unauthorized(),
-                "408": _timed_out(),
+                **_client_faults(),
             },
         },
         "put": {
@@ -203,7 +213,7 @@ def _capacity_path() -> dict[str, Any]:
                     "sent more than once (`code` `invalid_header`); the limit stays."
                 ),
                 "401": _unauthorized(),
-                "408": _timed_out(),
+                **_client_faults(),
                 "409": _error_response(
                     "No single capacity provider can take the limit (`code` `not_settable`)."
                 ),
@@ -236,7 +246,7 @@ def _status_path() -> dict[str, Any]:
                 "200": {"description": "The state.", "content": _json(schemas.ref("Status"))},
                 "400": _twice_authorized(),
                 "401": _unauthorized(),
-                "408": _timed_out(),
+                **_client_faults(),
             },
         },
     }
@@ -251,7 +261,7 @@ def _public_path(operation: str, what: str, media_type: str, schema: Schema) -> 
             "security": [],
             "responses": {
                 "200": {"description": what, "content": {media_type: {"schema": schema}}},
-                "408": _timed_out(),
+                **_client_faults(),
             },
         },
     }

@@ -117,6 +117,11 @@ async def test_the_document_needs_no_token_and_names_every_path() -> None:
         document = answer.json()
         assert document == openapi.document()
         assert sorted(document["paths"]) == sorted(api.PATHS)
+        for path, item in document["paths"].items():  # what `obleth serve` may answer any
+            for method in ("get", "put"):  # request for how it was sent
+                answers = item.get(method, {}).get("responses", {"408": 1, "431": 1})
+                assert {"408", "431"} <= set(answers), (path, method)
+        assert {"TimedOut", "HeadersTooLarge"} <= set(document["components"]["responses"])
         assert document["info"]["version"] != ""
         assert (await client.get(openapi.OPENAPI_PATH, headers=BEARER)).status_code == 200
         refused = await client.post(openapi.OPENAPI_PATH)
