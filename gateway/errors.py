@@ -89,10 +89,18 @@ class BadRequest(OblethError):
     """A request Obleth cannot classify (a bad priority header, a body over the bound)."""
 
     def __init__(
-        self, message: str, *, param: str | None = None, status: int = 400, close: bool = False
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        close: bool = False,
+        code: str | None = None,
     ) -> None:
         self.param = param
         self.status = status
+        #: the error body's ``code``, for a refusal a client may want to tell apart
+        self.code = code
         #: whether the answer must close the connection: the body was left unread
         self.close = close
         super().__init__(message)

@@ -17,12 +17,7 @@ import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
-from gateway.asgi.body import (
-    RequestBody,
-    client_left,
-    declared_length,
-    expects_continue,
-)
+from gateway.asgi.body import RequestBody, client_left, declared_length, expects_continue
 from gateway.asgi.plan import FlightPlan, keep_record, naming_upstream, record_of, routed_keys
 from gateway.asgi.responses import answer_not_started, send_bad_request, send_rejection
 from gateway.core.tickets import Ticket
@@ -100,6 +95,8 @@ class Flight:
         scope = self.scope
         payload = None
         try:
+            if plan.refuse_target is not None and (why := plan.refuse_target(scope)):
+                raise BadRequest(why, code="invalid_path")
             if plan.reads_body and plan.reads(scope):
                 self.body = RequestBody(self.receive, plan.max_body, declared_length(scope))
                 payload = await self.body.read()

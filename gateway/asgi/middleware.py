@@ -12,7 +12,7 @@ response's last chunk: a streamed response keeps its seats until its last token.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 from gateway.asgi.exempt import pass_routed
@@ -54,6 +54,11 @@ class GatewayMiddleware:
     queue; see ``gateway.asgi.exempt``) and their record holds ``upstream``, ``scores`` and
     ``route``: for an app that forwards every request to the chosen upstream, as
     ``ProxyApp`` does, which would otherwise have nowhere to send them.
+
+    ``refuse_target(scope)``, when given, says why a request that is not exempt can never
+    be served (``ProxyApp``'s ``unforwardable_path``: a dot segment, ``OPTIONS *``), or
+    None: such a request is answered ``400 invalid_path`` before it is admitted, even
+    while the gate is full, and counted as ``bad_request``.
     """
 
     def __init__(
@@ -64,6 +69,7 @@ class GatewayMiddleware:
         gateway: Gateway | None = None,
         plugins: Iterable[object] = (),
         route_exempt: bool = False,
+        refuse_target: Callable[[Scope], str | None] | None = None,
     ) -> None:
         self.app = app
         self._route_exempt = route_exempt
@@ -78,7 +84,7 @@ class GatewayMiddleware:
             self._fail_at_start(exc, settings)
             return
         self._exempt_paths(self.gateway.settings.exempt_paths)
-        self._plan = FlightPlan(app, self.gateway, self._complaints)
+        self._plan = FlightPlan(app, self.gateway, self._complaints, refuse_target=refuse_target)
 
     def _exempt_paths(self, paths: tuple[str, ...]) -> None:
         self._exempt = ExemptPaths(paths)

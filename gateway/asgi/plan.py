@@ -84,6 +84,7 @@ class FlightPlan:
         "reader",
         "reads_body",
         "records",
+        "refuse_target",
         "retry_after_s",
         "retry_unroutable_s",
         "routed_body",
@@ -101,13 +102,16 @@ class FlightPlan:
         complaints: Complaints,
         *,
         answers_aside: bool = False,
+        refuse_target: Callable[[Scope], str | None] | None = None,
     ) -> None:
         """``answers_aside``: ``app`` answers the client some other way than through the
         ``send`` it is given (the WSGI adapter's worker thread does), so an app that
-        returns without sending anything has answered."""
+        returns without sending anything has answered. ``refuse_target``: see
+        ``GatewayMiddleware``."""
         config = gateway.settings
         self.app = app
         self.answers_aside = answers_aside
+        self.refuse_target = refuse_target
         self.gateway = gateway
         self.plugins = plugins = gateway.plugins
         self.scheduler = gateway.scheduler

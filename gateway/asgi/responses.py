@@ -101,7 +101,7 @@ async def send_rejection(send: Send, rejected: Rejected) -> None:
 
 async def send_bad_request(send: Send, error: BadRequest) -> None:
     await send_json_error(
-        send, error.status, str(error), code=None, param=error.param, close=error.close
+        send, error.status, str(error), code=error.code, param=error.param, close=error.close
     )
 
 

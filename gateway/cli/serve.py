@@ -33,7 +33,7 @@ from gateway.errors import ConfigError, OblethError
 from gateway.gateway import Gateway
 from gateway.proxy import ProxyApp
 from gateway.proxy.models import ModelCatalog, ModelList
-from gateway.proxy.pathguard import PathGuard
+from gateway.proxy.upstream import unforwardable_path
 from gateway.server import BodyTimeout, bounded_protocol
 from gateway.server.running import Server, serve
 from gateway.server.workers import Workers, listening_socket, worker_sockets
@@ -162,8 +162,9 @@ def build_app(
     """The standalone gateway as one ASGI app (what ``obleth serve`` runs): the probes and
     ``/metrics``, the admin API's paths answered 404 (it has a port of its own:
     ``AdminElsewhere``), ``GET /v1/models`` (the union of the upstreams' models, see
-    ``gateway.proxy.models``), the targets never forwarded refused (``PathGuard``), then
-    the body timeout, the gateway and the streaming proxy.
+    ``gateway.proxy.models``), then the body timeout, the gateway (which refuses the
+    targets never forwarded, ``unforwardable_path``, before admission) and the streaming
+    proxy.
 
     ``/metrics`` answers ``metrics()``, by default ``export.render`` (``export`` default: a
     private one, which holds the gateway's instruments only); they report to the host's
@@ -189,9 +190,10 @@ def build_app(
     )
     # exempt paths the probes and the model list do not answer are forwarded too; a
     # target the proxy would refuse is refused before it waits for a seat
-    timed = PathGuard(
-        _body_timed(GatewayMiddleware(proxy, gateway=gateway, route_exempt=True), settings)
+    gated = GatewayMiddleware(
+        proxy, gateway=gateway, route_exempt=True, refuse_target=unforwardable_path
     )
+    timed = _body_timed(gated, settings)
     readings = gateway.readings
     catalog = ModelCatalog(settings.upstreams, healthy=lambda url: readings.get(url).healthy)
     listed = ModelList(timed, catalog, retry_after_s=settings.retry_after_s)

@@ -49,3 +49,6 @@ async def test_an_unforwardable_target_gets_400_while_the_gate_is_full_and_takes
         assert status.startswith(b"HTTP/1.1 400 ") and error["code"] == "invalid_path"
         assert served.scheduler.admitted == admitted
         assert served.echo.received == []
+        # counted among requests refused before admission, under the tenant it names
+        totals = served.app.gateway.tallies.totals()
+        assert totals.get(("anonymous", "standard", "bad_request", "400")) == 2
