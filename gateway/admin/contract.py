@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from gateway.settings.checks import MAX_COUNT
 
+#: where ``obleth serve`` listens for the admin API unless told otherwise (the seed's port)
+ADMIN_PORT = 9090
+
 CAPACITY_PATH = "/api/v1/capacity"
 STATUS_PATH = "/api/v1/status"
 

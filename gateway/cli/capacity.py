@@ -10,13 +10,13 @@ from typing import Any
 
 import httpx
 
-from gateway.admin.contract import CAPACITY_PATH
+from gateway.admin.contract import ADMIN_PORT, CAPACITY_PATH
 from gateway.cli.defaults import DefaultsShown
 from gateway.errors import without_userinfo
 from gateway.settings import ENV_PREFIX
 
 #: where the admin API listens unless told otherwise (``obleth serve --admin-port``)
-DEFAULT_URL = "http://127.0.0.1:9090"
+DEFAULT_URL = f"http://127.0.0.1:{ADMIN_PORT}"
 #: the admin token's variable, as the gateway reads it
 TOKEN_VARIABLE = ENV_PREFIX + "ADMIN_TOKEN"
 

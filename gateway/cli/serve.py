@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from gateway.admin.api import admin_app
+from gateway.admin.contract import ADMIN_PORT
 from gateway.admin.elsewhere import AdminElsewhere
 from gateway.admin.health import HEALTH_PATH, METRICS_PATH, READY_PATH, Probes
 from gateway.asgi.lifespan import STARTUP_FAILURE, AfterShutdown
@@ -45,9 +46,6 @@ from gateway.types import ASGIApp
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
-
-#: where ``obleth serve`` listens for the admin API unless told otherwise (the seed's port)
-ADMIN_PORT = 9090
 
 # flag -> setting; a flag left out keeps the OBLETH_* value or the default
 _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
@@ -158,13 +156,14 @@ def build_app(
     *,
     export: PrometheusExport | None = None,
     metrics: Callable[[], bytes] | None = None,
+    admin_port: int = ADMIN_PORT,
 ) -> Probes:
     """The standalone gateway as one ASGI app (what ``obleth serve`` runs): the probes and
-    ``/metrics``, the admin API's paths answered 404 (it has a port of its own:
-    ``AdminElsewhere``), ``GET /v1/models`` (the union of the upstreams' models, see
-    ``gateway.proxy.models``), then the body timeout, the gateway (which refuses the
-    targets never forwarded, ``unforwardable_path``, before admission) and the streaming
-    proxy.
+    ``/metrics``, the admin API's paths answered 404 (it has a port of its own,
+    ``admin_port``: ``AdminElsewhere``), ``GET /v1/models`` (the union of the upstreams'
+    models, see ``gateway.proxy.models``), then the body timeout, the gateway (which
+    refuses the targets never forwarded, ``unforwardable_path``, before admission) and the
+    streaming proxy.
 
     ``/metrics`` answers ``metrics()``, by default ``export.render`` (``export`` default: a
     private one, which holds the gateway's instruments only); they report to the host's
@@ -197,7 +196,8 @@ def build_app(
     readings = gateway.readings
     catalog = ModelCatalog(settings.upstreams, healthy=lambda url: readings.get(url).healthy)
     listed = ModelList(timed, catalog, retry_after_s=settings.retry_after_s)
-    return Probes(AdminElsewhere(listed), gateway, metrics or export.render)
+    admin = admin_port if settings.admin_token is not None else None
+    return Probes(AdminElsewhere(listed, admin), gateway, metrics or export.render)
 
 
 def build_admin_app(settings: Settings, gateway: Gateway) -> Probes:
@@ -264,10 +264,11 @@ def run(args: argparse.Namespace) -> int:
         if workers > 1:
             _check_one_budget(settings, workers)
             # only to stop on a bad setting or plugin here, once: each worker builds its own
-            app = build_app(settings)
+            app = build_app(settings, admin_port=plan.admin_port)
         else:
             tracing = install_tracing()
-            app = build_app(settings, export=install_prometheus_export())
+            export = install_prometheus_export()
+            app = build_app(settings, export=export, admin_port=plan.admin_port)
     bound = _listen(plan, admin, workers)
     if bound is None:
         return STARTUP_FAILURE
@@ -391,7 +392,9 @@ def _worker(plan: _Plan, pages_in: str, slot: int, sockets: list[socket.socket])
             tracing = install_tracing()
             export = install_prometheus_export()
             pages = WorkerPages(export.render, Path(pages_in), slot)
-            app = build_app(settings, export=export, metrics=pages.scrape)
+            app = build_app(
+                settings, export=export, metrics=pages.scrape, admin_port=plan.admin_port
+            )
     except OblethError as exc:
         print(f"obleth: {exc}", file=sys.stderr)
         sys.exit(STARTUP_FAILURE)

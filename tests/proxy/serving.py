@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from gateway.admin import Probes
+from gateway.admin.contract import ADMIN_PORT
 from gateway.cli.serve import build_app, server_options
 from gateway.loopback import serve_in_task
 from gateway.scheduler import Scheduler
@@ -41,17 +42,22 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def serving(
-    export: PrometheusExport | None = None, *, upstream: ASGIApp | None = None, **settings: Any
+    export: PrometheusExport | None = None,
+    *,
+    upstream: ASGIApp | None = None,
+    admin_port: int = ADMIN_PORT,
+    **settings: Any,
 ) -> AsyncIterator[Served]:
     """``obleth serve``'s app in front of ``upstream`` (default: an ``Echo``; another must
     answer ``GET /metrics`` 200 to count as healthy), returned once it routes;
-    ``/metrics`` renders ``export`` (default: a private one)."""
+    ``/metrics`` renders ``export`` (default: a private one); ``admin_port`` as
+    ``--admin-port`` gives it."""
     app_upstream: ASGIApp = Echo() if upstream is None else upstream
     async with serve_in_task(app_upstream, lifespan="off") as upstream_server:
         config = Settings(
             upstreams=[upstream_server.url], upstream_poll_interval_s=0.05, **settings
         )
-        app = build_app(config, export=export)
+        app = build_app(config, export=export, admin_port=admin_port)
         async with (
             serve_in_task(app, **server_options(config)) as server,
             httpx.AsyncClient(trust_env=False) as http,

@@ -35,3 +35,24 @@ async def test_an_admin_path_on_the_gateway_port_is_answered_404_and_not_forward
     assert error["code"] == "not_found" and "--admin-port" in error["message"]
     assert forwarded.status_code == 200
     assert served.echo.received == ["plain"]  # the admin request never reached it
+
+
+@pytest.mark.parametrize(
+    ("token", "said"),
+    [
+        ("the-admin-token-here", "served on its own port, 9123 (obleth serve --admin-port)"),
+        (None, "the admin API is off; set OBLETH_ADMIN_TOKEN to turn it on"),
+    ],
+)
+async def test_the_answer_names_the_admin_port_in_use_or_says_the_api_is_off(
+    token: str | None, said: str
+) -> None:
+    """An operator who sent ``obleth capacity --url`` to the wrong port learns where the
+    API is, the port this server was given rather than the default; or that it is off."""
+    async with (
+        serving(admin_port=9123, admin_token=token) as served,
+        httpx.AsyncClient(trust_env=False, timeout=10) as http,
+    ):
+        answer = await http.get(served.url + "/api/v1/status")
+    assert answer.status_code == 404
+    assert said in answer.json()["error"]["message"]
