@@ -95,8 +95,8 @@ class AdmissionSettings(Declared):
         "earns one back every `60 / N` seconds; over it, `429 requests_per_minute` with the "
         "wait in `Retry-After`. Reserved before admission, returned when the gate then "
         "refuses the request. See [rate budgets](#rate-budgets).",
-        parse=parsers.env_caps,
-        check=checks.check_caps,
+        parse=parsers.env_budgets,
+        check=checks.check_budgets,
     )
     tenant_tpm: int | Mapping[str, int] | None = setting(
         None,
@@ -104,8 +104,8 @@ class AdmissionSettings(Declared):
         "request's tokens are estimated before admission from its body (prompt bytes / 4, "
         "plus `n` times `max_tokens` or `default_max_tokens`); over the budget, "
         "`429 tokens_per_minute`. See [rate budgets](#rate-budgets).",
-        parse=parsers.env_caps,
-        check=checks.check_caps,
+        parse=parsers.env_budgets,
+        check=checks.check_budgets,
     )
     default_max_tokens: int = setting(
         256,

@@ -167,25 +167,42 @@ def check_weight(settings: Settings, name: str, value: Any) -> float:
         raise settings.error(name, value, f"{exc}; a weight is a finite number above 0") from None
 
 
-def check_caps(settings: Settings, name: str, value: Any) -> int | Mapping[str, int] | None:
+PerTenantCheck = Callable[["Settings", str, Any], "int | Mapping[str, int] | None"]
+
+
+def _check_per_tenant(noun: str, few: int, many: int) -> PerTenantCheck:
+    """The check of a whole number per tenant, a ``noun`` (a cap, a budget), from 1 to
+    ``MAX_COUNT``; ``few`` and ``many`` make the example the message shows."""
     expected = (
-        f"expected a whole number of at least 1 and at most {MAX_COUNT}, or such caps by tenant: "
-        "{'free': 4, '*': 16}, or free:4,*:16 in the environment"
+        f"expected a whole number of at least 1 and at most {MAX_COUNT}, or such {noun}s by "
+        f"tenant: {{'free': {few}, '*': {many}}}, or free:{few},*:{many} in the environment"
     )
-    if value is None or (
-        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_COUNT
-    ):
-        return value
-    if not isinstance(value, Mapping):
-        raise settings.error(name, value, expected)
-    try:
-        caps = named_entries(value)
-    except WeightSyntaxError as exc:
-        raise settings.error(name, dict(value), f"{exc}; {expected}") from None
-    for tenant, cap in caps.items():
-        if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_COUNT:
-            raise settings.error(name, dict(value), f"{tenant}: cap {cap!r}; {expected}")
-    return MappingProxyType(caps)
+
+    def check(settings: Settings, name: str, value: Any) -> int | Mapping[str, int] | None:
+        if value is None or (
+            isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_COUNT
+        ):
+            return value
+        if not isinstance(value, Mapping):
+            raise settings.error(name, value, expected)
+        try:
+            amounts = named_entries(value)
+        except WeightSyntaxError as exc:
+            raise settings.error(name, dict(value), f"{exc}; {expected}") from None
+        for tenant, amount in amounts.items():
+            if (
+                isinstance(amount, bool)
+                or not isinstance(amount, int)
+                or not 1 <= amount <= MAX_COUNT
+            ):
+                raise settings.error(name, dict(value), f"{tenant}: {noun} {amount!r}; {expected}")
+        return MappingProxyType(amounts)
+
+    return check
+
+
+check_caps = _check_per_tenant("cap", 4, 16)
+check_budgets = _check_per_tenant("budget", 60, 600)
 
 
 #: The largest token budget taken: well above any fleet's KV cache, well within a double.

@@ -14,7 +14,6 @@ from gateway.core.weights import WeightSyntaxError, parse_pairs, parse_weights
 from gateway.errors import ConfigError
 
 SCORERS_EXPECTED = "expected scorer:weight pairs like prefix-affinity:5,queue-depth:1"
-CAPS_EXPECTED = "expected a whole number (for every tenant), or tenant:cap pairs like free:4,*:16"
 
 
 def env_int(key: str, text: str) -> int:
@@ -90,31 +89,41 @@ env_weights = _env_pairs("expected tenant:weight pairs like gold:4,free:1")
 env_scorers = _env_pairs(SCORERS_EXPECTED)
 
 
-def env_caps(key: str, text: str) -> int | dict[str, int] | None:
-    """``16`` (every tenant) or ``free:4,*:16``; the values are checked by ``check_caps``."""
-    text = text.strip()
-    if not text:
-        return None
-    if ":" not in text:
+def _env_per_tenant(noun: str, example: str) -> Callable[[str, str], int | dict[str, int] | None]:
+    """The parser of a whole number per tenant, a ``noun`` (a cap, a budget): ``16`` (every
+    tenant) or ``example``'s form, ``free:4,*:16``; the values are checked by
+    ``checks.check_caps`` or ``checks.check_budgets``."""
+    expected = f"expected a whole number (for every tenant), or tenant:{noun} pairs like {example}"
+
+    def whole(name: str, text: str) -> int:
         try:
             return int(text)
         except ValueError:
-            raise ConfigError(key, text, CAPS_EXPECTED) from None
-    try:
-        return parse_pairs(text, _parse_cap, what="cap")
-    except WeightSyntaxError as exc:
-        raise ConfigError(key, text, f"{exc}; {CAPS_EXPECTED}") from None
+            raise WeightSyntaxError(f"{name}: {noun} {text!r} is not a whole number") from None
+
+    def parse(key: str, text: str) -> int | dict[str, int] | None:
+        text = text.strip()
+        if not text:
+            return None
+        if ":" not in text:
+            try:
+                return int(text)
+            except ValueError:
+                raise ConfigError(key, text, expected) from None
+        try:
+            return parse_pairs(text, whole, what=noun)
+        except WeightSyntaxError as exc:
+            raise ConfigError(key, text, f"{exc}; {expected}") from None
+
+    return parse
+
+
+env_caps = _env_per_tenant("cap", "free:4,*:16")
+env_budgets = _env_per_tenant("budget", "free:60,*:600")
 
 
 #: The parsers for which a blank variable means something (None: no limit, no header,
 #: no cap); for every other setting a blank variable is unset (see ``read_environ``).
-READS_BLANK = frozenset({env_optional_int, env_optional_float, env_optional_text, env_caps})
-
-
-def _parse_cap(name: str, text: str) -> int:
-    """A cap as written in the environment; whether it is at least 1 is ``check_caps``'s
-    to say, for keywords and variables alike."""
-    try:
-        return int(text)
-    except ValueError:
-        raise WeightSyntaxError(f"{name}: cap {text!r} is not a whole number") from None
+READS_BLANK = frozenset(
+    {env_optional_int, env_optional_float, env_optional_text, env_caps, env_budgets}
+)
