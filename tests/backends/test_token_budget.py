@@ -15,7 +15,7 @@ from gateway.backends.redis.audit import audit
 from gateway.backends.redis.keys import PoolKeys
 from gateway.core.tickets import Ticket
 from tests.backends.redis_pods import TTL, Pods, backend, eventually
-from tests.backends.test_contract import Make, assert_drained, make, settle, waiting
+from tests.backends.test_contract import Make, assert_drained, make, settle, state, waiting
 from tests.redis_procs import RedisServer
 
 __all__ = ["make"]  # the fixture, run on both backends
@@ -30,6 +30,8 @@ async def test_a_request_waits_until_its_tokens_are_free(make: Make) -> None:
     # 30 more would fit, but nobody barges past the waiter ahead (FIFO within a class)
     assert not big.done() and not small.done()
     assert gateway.snapshot().tokens_inflight == 60
+    pool = await state(gateway)  # in Redis, the pool's own count
+    assert (pool.tokens_inflight, pool.max_tokens) == (60, 100)
     first.release()
     permits = [await asyncio.wait_for(task, 2) for task in (big, small)]
     await settle(gateway)

@@ -238,6 +238,7 @@ class RedisBackend:
         ``cluster_snapshot`` reads every tenant of the pool from Redis.
         """
         state = self._state
+        budget = self._settings.global_max_tokens_in_flight
         tenants: dict[str, dict[str, Any]] = {}
         for ticket in state.held.values():
             entry = tenants.setdefault(ticket.tenant, {"inflight": 0, "queued": Counter()})
@@ -258,12 +259,8 @@ class RedisBackend:
                 )
                 for tenant, entry in sorted(tenants.items())
             },
-            tokens_inflight=(
-                state.tokens_inflight
-                if self._settings.global_max_tokens_in_flight is not None
-                else None
-            ),
-            max_tokens=self._settings.global_max_tokens_in_flight,
+            tokens_inflight=state.tokens_inflight if budget is not None else None,
+            max_tokens=budget,
         )
 
     # -- what else callers may read -------------------------------------------------------
@@ -350,6 +347,7 @@ class RedisBackend:
         state, tin, tq = ({str(k): str(v) for k, v in table.items()} for table in found[:3])
         waiters, in_lobby = int(found[3]), int(found[4])
         tenants = sorted(set(tin) | set(tq))
+        budget = self._settings.global_max_tokens_in_flight
         return Snapshot(
             limit=int(state.get("limit", self.limit)),
             inflight=int(state.get("inflight", 0)),
@@ -365,6 +363,8 @@ class RedisBackend:
                 )
                 for t in tenants
             },
+            tokens_inflight=int(state.get("tokens", 0)) if budget is not None else None,
+            max_tokens=budget,
         )
 
     # -- what the tests reach into (tests/backends/test_redis_pool.py) ---------------------
