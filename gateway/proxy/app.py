@@ -22,7 +22,7 @@ from gateway.proxy.upstream import (
     unforwardable_path,
 )
 from gateway.routing.upstreams import parse_upstream
-from gateway.types import Receive, Scope, Send
+from gateway.types import Message, Receive, Scope, Send
 
 log = logging.getLogger("obleth.proxy")
 
@@ -121,8 +121,7 @@ class ProxyApp:
         elif kind == "lifespan":
             await self._lifespan(receive, send)
         elif kind == "websocket":
-            # closing before accepting makes the server refuse the handshake (403)
-            await send({"type": "websocket.close", "code": 1000})
+            await _refuse_websocket(scope, receive, send)
 
     async def aclose(self) -> None:
         """Close the shared HTTP client and its connections; a later request opens a new one."""
@@ -261,3 +260,25 @@ def _count(option: str, value: int, *, minimum: int) -> int:
     if value < minimum:
         raise ConfigError(option, value, f"expected at least {minimum}")
     return value
+
+
+WEBSOCKET_REFUSED = (
+    "the gateway does not forward WebSocket connections; send HTTP requests (with "
+    '"stream": true for an answer token by token)'
+)
+
+
+async def _refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
+    """Refuse a WebSocket handshake: ``501 websocket_not_supported``, an OpenAI-style JSON
+    error, where the server lets an app answer a handshake over HTTP (the ASGI
+    ``websocket.http.response`` extension, as uvicorn's WebSocket protocols offer); else
+    the server's own refusal, a bare 403."""
+    await receive()  # websocket.connect
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1000})  # closed before accepted: 403
+        return
+
+    async def over_handshake(message: Message) -> None:
+        await send({**message, "type": "websocket." + message["type"]})
+
+    await send_json_error(over_handshake, 501, WEBSOCKET_REFUSED, code="websocket_not_supported")
