@@ -26,6 +26,7 @@ from gateway.errors import BadRequest, Disconnected, Rejected, Unroutable
 from gateway.faults import PASSED_ON
 from gateway.protocols import Classification, FreeSeats, Permit, RequestInfo
 from gateway.rates.budgets import Refund
+from gateway.rates.usage import UsageMeter
 from gateway.routing.router import Decision
 from gateway.telemetry import tallies
 from gateway.telemetry.tracing import close_span, open_span
@@ -151,6 +152,8 @@ class Flight:
                 # the hand-over time, None once fed; a flight without a feed never sets it
                 self.handed: float | None = time.monotonic()
                 send = self._send_timed
+            if plan.meters_usage and plan.settles_usage(self.reserved):  # tokens it used
+                send = UsageMeter(send, self.settle_budget)
             await plan.app(scope, self.receive if body is None else body.replay, send)
             # a response whose seats came back at its last chunk is complete, whatever the
             # app read afterwards (a server answers receive() with a disconnect once the
@@ -221,11 +224,11 @@ class Flight:
         try:
             permit = await plan.scheduler.acquire(self.ticket, disconnected=watch)
         except Rejected as exc:
-            self._refund()
+            self.settle_budget()
             await self._reject(exc, waited_s=time.monotonic() - asked)
             return False
         except BaseException as exc:  # the client left, or the server cancelled the request
-            self._refund()
+            self.settle_budget()
             self._refused(tallies.ABANDONED, waited_s=time.monotonic() - asked)
             if isinstance(exc, Disconnected):
                 return False
@@ -257,11 +260,12 @@ class Flight:
         self.reserved = reserved
         return True
 
-    def _refund(self) -> None:
-        """Give back what ``_budget`` took: the request was refused, or left, unserved."""
+    def settle_budget(self, used: int | None = None) -> None:
+        """Settle what ``_budget`` took, once: give it back (the request was refused, or
+        left, unserved), or correct it to the ``used`` tokens its response reported."""
         refund, self.reserved = self.reserved, None
         if refund is not None:
-            refund()
+            refund(used)
 
     async def _reject(self, exc: Rejected, *, waited_s: float | None = None) -> None:
         """Answer a request the gateway refused (429/503), counted and observed."""
@@ -283,7 +287,7 @@ class Flight:
         try:
             decision = self.decision = plan.router.route(request)
         except Unroutable as exc:
-            self._refund()
+            self.settle_budget()
             self._refused(tallies.UNROUTABLE, exc.code)
             await plan.answer_unroutable(self.send, exc)
             return False

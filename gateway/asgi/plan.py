@@ -18,6 +18,7 @@ from gateway.errors import BadRequest, Unroutable
 from gateway.faults import PASSED_ON
 from gateway.gateway import Gateway
 from gateway.protocols import Classification, Permit
+from gateway.rates.budgets import NOTHING, Refund
 from gateway.rates.estimate import request_tokens
 from gateway.routing.request import RequestReader
 from gateway.routing.router import Decision
@@ -77,6 +78,7 @@ class FlightPlan:
         "gateway",
         "header_ticket",
         "max_body",
+        "meters_usage",
         "names_upstream",
         "observes",
         "plugins",
@@ -146,6 +148,8 @@ class FlightPlan:
         #: whether a classifier or the router reads JSON bodies; whether any body is read
         self.routed_body = plugins.wants_body or router is not None
         self.reads_body = self.routed_body or self.tokens_of is not None
+        #: whether a served request's tokens are corrected to the usage its response reports
+        self.meters_usage = rates is not None and rates.rules.counts_tokens
         #: whether a request has budgets to answer to (``Flight._budget``): the fast path
         #: of a gateway without them pays one check
         self.budgets = self.tokens_of is not None or rates is not None
@@ -170,6 +174,11 @@ class FlightPlan:
         #: tells the providers that follow time to first byte each admitted request's;
         #: None when no provider does, and then a request pays nothing for it
         self.first_byte = FirstByteFeed.of(gateway, complaints)
+
+    def settles_usage(self, reserved: Refund | None) -> bool:
+        """Whether a request that reserved ``reserved`` has its response read for the
+        tokens it used (``gateway.rates.usage``): a tenant with a token budget."""
+        return self.meters_usage and reserved is not None and reserved is not NOTHING
 
     def reads(self, scope: Scope) -> bool:
         """Whether this request's body is read before admission (see ``reads_body``)."""
@@ -227,7 +236,7 @@ class FirstByteFeed:
     2xx response: an error answers fast without the backend doing the work a token
     stands for, and would drag the measure of an unloaded backend down. The WSGI
     middleware times its requests the same way in the server's worker thread and hands
-    the time to the loop (``gateway.wsgi.firstbyte``).
+    the time to the loop (``gateway.wsgi.watch``).
 
     A provider's ``first_byte`` must return at once and do no I/O. One that raises is
     logged on the ``obleth.capacity`` logger under its name and its plugin's (at most once

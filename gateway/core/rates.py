@@ -101,7 +101,8 @@ _SWEEP_AT: Final[int] = 1024
 
 class LocalRates:
     """The rate budgets of one process: ``reserve`` before admission, ``refund`` when the
-    request did not run after all.
+    request did not run after all, ``settle`` when it ran and its response said how many
+    tokens it used.
 
     What the caller may rely on: a reservation takes from both budgets or from neither,
     and a refusal waits for both (its ``retry_after_s`` is the longer wait, None when
@@ -156,6 +157,19 @@ class LocalRates:
             tats[0] = give_back(tats[0], now, 1, rpm)
         if tpm is not None:
             tats[1] = give_back(tats[1], now, tokens, tpm)
+
+    def settle(self, tenant: str, reserved: int, used: int, now: float) -> None:
+        """Correct a served request's ``reserved`` tokens to the ``used`` its response
+        reported: the difference is given back, or taken on top when it used more (taken
+        whatever the room: the tokens are spent). The request itself stays counted."""
+        tpm = self._budgets(tenant)[1]
+        if tpm is None or used == reserved:
+            return
+        tats = self._tats.setdefault(tenant, [now, now])
+        if used < reserved:
+            tats[1] = give_back(tats[1], now, reserved - used, tpm)
+        else:
+            tats[1] = max(tats[1], now) + (used - reserved) * WINDOW_S / tpm
 
     def _budgets(self, tenant: str) -> tuple[int | None, int | None]:
         rpm, tpm = self.rules.of(tenant)

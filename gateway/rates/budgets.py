@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.core.rates import WINDOW_S, LocalRates, OverRate, RateRules
@@ -19,11 +18,19 @@ if TYPE_CHECKING:
     from gateway.settings import Settings
 
 
-#: Gives a reservation back, to where it was taken; never blocks, never raises.
-Refund = Callable[[], None]
+class Refund(Protocol):
+    """What a reservation answers, to settle it where it was taken; never blocks, never
+    raises. Called once:
+
+    - ``refund()``: the request did not run; the request and its tokens are given back;
+    - ``refund(used)``: it ran, and its response said it used ``used`` tokens; the
+      difference from the estimate is given back (or taken, when it used more).
+    """
+
+    def __call__(self, used: int | None = None, /) -> None: ...
 
 
-def _nothing() -> None:
+def _nothing(used: int | None = None, /) -> None:
     """The refund of a reservation that took nothing (a tenant without budgets)."""
 
 
@@ -59,8 +66,17 @@ class InProcessRates:
             return over_rate(over)
         return functools.partial(self._refund, tenant, tokens)
 
-    def _refund(self, tenant: str, tokens: int) -> None:
-        self._rates.refund(tenant, tokens, time.monotonic())
+    def _refund(self, tenant: str, tokens: int, used: int | None = None) -> None:
+        settle(self._rates, tenant, tokens, used)
+
+
+def settle(rates: LocalRates, tenant: str, tokens: int, used: int | None = None) -> None:
+    """Settle a reservation of ``tokens`` that ``rates`` took for ``tenant`` (see
+    ``Refund``), now."""
+    if used is None:
+        rates.refund(tenant, tokens, time.monotonic())
+    else:
+        rates.settle(tenant, tokens, used, time.monotonic())
 
 
 _SETTING = {"requests_per_minute": "tenant_rpm", "tokens_per_minute": "tenant_tpm"}

@@ -20,10 +20,10 @@ from gateway.core.exemptions import ExemptPaths
 from gateway.gateway import Gateway
 from gateway.settings import Settings
 from gateway.wsgi.environ import body_ahead, classified_headers, path_of, scope_of
-from gateway.wsgi.firstbyte import FirstByteClock
 from gateway.wsgi.loopthread import LoopThread
 from gateway.wsgi.passage import Passage, hold, run_app
 from gateway.wsgi.processplan import ProcessPlan
+from gateway.wsgi.watch import ResponseWatch
 
 #: where the app finds the gateway's record of its request
 ENVIRON_KEY = "obleth"
@@ -97,16 +97,17 @@ class WSGIGatewayMiddleware:
         environ[ENVIRON_KEY] = record
         if plan.names_upstream and "upstream" in record:
             start_response = _naming(start_response, record["route"])
-        clock = None
-        if plan.first_byte is not None:
-            clock = FirstByteClock(plan.first_byte, loop)
-            start_response = clock.noting(start_response)
+        watch = None
+        settle = passage.settle_usage() if plan.meters_usage else None
+        if plan.first_byte is not None or settle is not None:
+            watch = ResponseWatch(loop, plan.first_byte, settle)
+            start_response = watch.noting(start_response)
         try:
             result = self.app(environ, start_response)
         except BaseException as exc:
             passage.finish("failed", exc)
             raise
-        return hold(result, passage, clock)
+        return hold(result, passage, watch)
 
     @property
     def gateway(self) -> Gateway:

@@ -16,7 +16,7 @@ import concurrent.futures
 import contextlib
 import http
 import logging
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any, cast
 from wsgiref.types import StartResponse
@@ -25,7 +25,7 @@ from wsgiref.util import is_hop_by_hop
 from gateway.asgi.flight import Flight
 from gateway.asgi.plan import FlightPlan
 from gateway.types import Message, Scope
-from gateway.wsgi.firstbyte import FirstByteClock
+from gateway.wsgi.watch import ResponseWatch
 
 log = logging.getLogger("obleth")
 
@@ -88,7 +88,7 @@ class Passage:
     app, and must call ``finish`` exactly once afterwards), or to the ``Answer`` to send.
     """
 
-    __slots__ = ("_done", "_head", "_loop", "_parts", "verdict")
+    __slots__ = ("_done", "_flight", "_head", "_loop", "_parts", "verdict")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -96,6 +96,16 @@ class Passage:
         self._done: asyncio.Future[None] | None = None
         self._head: Message | None = None
         self._parts: list[bytes] = []
+        self._flight: Flight | None = None
+
+    def settle_usage(self) -> Callable[[int], None] | None:
+        """For an admitted request whose tenant has a token budget: what settles it at the
+        tokens its response reports (``Flight.settle_budget``, to call on the loop); else
+        None."""
+        flight = self._flight
+        if flight is None or not flight.plan.settles_usage(flight.reserved):
+            return None
+        return flight.settle_budget
 
     async def fly(self, plan: FlightPlan, scope: Scope, ahead: list[Message] | None) -> None:
         """The request's flight, on the loop. ``ahead``: the messages of the body read
@@ -115,7 +125,8 @@ class Passage:
             raise AssertionError("unreachable")
 
         try:
-            await Flight(plan, scope, receive, self._collect).run()
+            flight = self._flight = Flight(plan, scope, receive, self._collect)
+            await flight.run()
         except (AppFailed, asyncio.CancelledError):
             pass  # the worker thread knows
         except BaseException as exc:
@@ -187,13 +198,13 @@ async def run_app(scope: Scope, receive: Any, send: Any) -> None:
     await passage.hand_over()
 
 
-def hold(inner: Iterable[bytes], passage: Passage, clock: FirstByteClock | None) -> Held:
+def hold(inner: Iterable[bytes], passage: Passage, watch: ResponseWatch | None) -> Held:
     """The app's response ``inner``, held by the request's seats: a ``SizedHeld`` when
     ``inner`` has a length (PEP 3333 lets a server read it, and wsgiref sends a
     one-chunk list with its ``Content-Length``), else a ``Held``, which has none."""
     if isinstance(inner, Sized):
-        return SizedHeld(inner, passage, clock)
-    return Held(inner, passage, clock)
+        return SizedHeld(inner, passage, watch)
+    return Held(inner, passage, watch)
 
 
 class Held:
@@ -201,17 +212,17 @@ class Held:
     closes it (PEP 3333 says it must); a response dropped unclosed gives them back when
     it is collected. It has no length: ``SizedHeld`` wraps a response that has one."""
 
-    __slots__ = ("__weakref__", "_clock", "_ended", "_inner", "_iterator", "_passage")
+    __slots__ = ("__weakref__", "_ended", "_inner", "_iterator", "_passage", "_watch")
 
     def __init__(
-        self, inner: Iterable[bytes], passage: Passage, clock: FirstByteClock | None = None
+        self, inner: Iterable[bytes], passage: Passage, watch: ResponseWatch | None = None
     ) -> None:
         self._inner = inner
         self._iterator: Iterator[bytes] | None = None
         self._passage: Passage | None = passage
         self._ended = False
-        #: times the first chunk for the first-byte feed, until it has
-        self._clock = clock
+        #: reads the first byte's time and the usage, when the gateway follows either
+        self._watch = watch
 
     def __iter__(self) -> Iterator[bytes]:
         return self
@@ -224,19 +235,16 @@ class Held:
             chunk = next(self._iterator)
         except StopIteration:
             self._ended = True
-            self._first_byte()
+            watch, self._watch = self._watch, None
+            if watch is not None:
+                watch.ended()
             raise
         except BaseException as exc:
             self._end("failed", exc)
             raise
-        if chunk and self._clock is not None:
-            self._first_byte()
+        if self._watch is not None:
+            self._watch.chunk(chunk)
         return chunk
-
-    def _first_byte(self) -> None:
-        clock, self._clock = self._clock, None
-        if clock is not None:
-            clock.fire()
 
     def close(self) -> None:
         try:

@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway import GatewayMiddleware, Settings
@@ -201,5 +202,58 @@ def test_bodies_the_gateway_would_not_read_as_json_are_priced_too() -> None:
         # 12 000 bytes: over 3 000 tokens each, read by the app, not refused 413
         assert [a.status_code for a in big] == [200, 429]
         assert big[1].json()["error"]["code"] == "tokens_per_minute"
+
+    run(scenario)
+
+
+async def reporting(request: Request) -> Response:
+    """Answers as vLLM does: the usage in a JSON body, or in a stream's last event when
+    the client asked for it; ``x-usage`` says how many tokens to report (none: no usage)."""
+    body = json.loads(await request.body())
+    used = request.headers.get("x-usage")
+    usage = None if used is None else {"total_tokens": int(used)}
+    if not body.get("stream"):
+        return JSONResponse({"choices": [{"text": "hi"}], **({"usage": usage} if usage else {})})
+
+    async def events() -> AsyncIterator[bytes]:
+        for text in ("a", "b"):
+            yield b"data: " + json.dumps({"choices": [{"text": text}], "usage": None}).encode()
+            yield b"\n\n"
+        if usage and body.get("stream_options", {}).get("include_usage"):
+            yield b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@pytest.mark.parametrize(
+    ("extra", "reported", "second"),
+    [
+        ({}, "10", 200),  # JSON with usage: 600 estimated, 10 charged
+        ({"stream": True, "stream_options": {"include_usage": True}}, "10", 200),
+        ({"stream": True}, "10", 429),  # a stream that did not ask reports nothing
+        ({}, None, 429),  # no usage: the estimate stays
+    ],
+)
+def test_a_served_request_is_charged_the_tokens_its_response_reports(
+    extra: dict[str, Any], reported: str | None, second: int
+) -> None:
+    """Estimated at 600 tokens of a 1 000 budget (100 of prompt, max_tokens 500), a
+    request that used 10 leaves room for another; without a usage to read, it does not."""
+
+    async def scenario() -> None:
+        settings = Settings(tenant_header="x-tenant", tenant_tpm=1000)
+        served = Starlette(routes=[Route("/v1/completions", reporting, methods=["POST"])])
+        headers = {"x-tenant": "a", **({"x-usage": reported} if reported else {})}
+        body = {"prompt": "x" * 400, "max_tokens": 500, **extra}
+        async with (
+            serve_in_task(GatewayMiddleware(served, settings)) as server,
+            httpx.AsyncClient(trust_env=False) as http,
+        ):
+            url = f"{server.url}/v1/completions"
+            answers = [await http.post(url, headers=headers, json=body) for _ in range(2)]
+        assert [a.status_code for a in answers] == [200, second]
+        if extra.get("stream"):
+            assert answers[0].text.endswith("data: [DONE]\n\n")  # passed on unchanged
 
     run(scenario)

@@ -61,6 +61,30 @@ async def test_a_refund_is_seen_by_every_pod_and_an_idle_tenant_leaves_no_key(
     assert await outcome(b, tokens=100) == "ok"
 
 
+async def test_a_served_request_is_settled_at_the_tokens_it_used_on_every_pod(
+    pods: Pods,
+) -> None:
+    """Fewer than estimated: the rest comes back, the request stays counted; more: the
+    excess is taken whatever the room, and the next reservation waits for it."""
+    a = await pods.start(tenant_rpm={"t": 2}, tenant_tpm={"t": 100})
+    b = await pods.start(tenant_rpm={"t": 2}, tenant_tpm={"t": 100})
+    settle = await taken(a, tokens=80)
+    settle(30)
+    assert await eventually(lambda: _outcome_is(b, "ok", tokens=70), 2)
+    assert await outcome(b, tokens=0) == "requests_per_minute"  # both requests count
+    other = await pods.start(tenant_tpm={"u": 100})
+    (await taken(other, "u", tokens=10))(130)  # 10 reserved, 130 used
+    key = PoolKeys(pods.pool).key("rate:u")
+    assert await eventually(lambda: _owes_more_than_a_minute(pods, key), 2)
+    refused = await budgets(other).reserve("u", 1)
+    assert isinstance(refused, Rejected) and refused.reason == "tokens_per_minute"
+    assert 18 <= refused.retry_after_s <= 19  # 131 tokens of a 100 a minute budget
+
+
+async def _owes_more_than_a_minute(pods: Pods, key: str) -> bool:
+    return float(await pods.client.hget(key, "t") or 0) > 60_000
+
+
 async def _gone(pods: Pods, key: str) -> bool:
     return not await pods.client.exists(key)
 
@@ -123,8 +147,8 @@ async def test_a_caller_that_leaves_mid_call_has_its_reservation_given_back(
     assert await eventually(lambda: _outcome_is(gateway, "ok"), 2)
 
 
-async def _outcome_is(gateway: Gateway, expected: str) -> bool:
-    found = await outcome(gateway)
+async def _outcome_is(gateway: Gateway, expected: str, *, tokens: int = 0) -> bool:
+    found = await outcome(gateway, tokens=tokens)
     if found == "ok":
         return expected == "ok"
     return found == expected

@@ -84,6 +84,23 @@ def test_a_refund_gives_the_reservation_back_but_no_credit_beyond_the_minute() -
     assert rates.reserve("a", 1, now=0.0) is not None
 
 
+def test_settling_charges_the_tokens_used_and_keeps_the_request_counted() -> None:
+    rates = LocalRates(rules(rpm={"a": 2}, tpm={"a": 100}))
+    assert rates.reserve("a", 80, now=0.0) is None
+    rates.settle("a", 80, 30, now=0.0)  # used 30 of the 80 estimated
+    assert rates.reserve("a", 70, now=0.0) is None  # 30 + 70
+    assert rates.reserve("a", 0, now=0.0) is not None  # but two requests already
+    more = LocalRates(rules(tpm={"a": 100}))
+    assert more.reserve("a", 10, now=0.0) is None
+    more.settle("a", 10, 130, now=0.0)  # used more than the minute: taken all the same
+    over = more.reserve("a", 1, now=0.0)
+    assert over is not None and over.retry_after_s == pytest.approx(18.6)  # 131 - 100 tokens
+    fresh = LocalRates(rules(tpm={"a": 100}))
+    fresh.settle("a", 0, 50, now=0.0)  # forgotten meanwhile: charged from now
+    assert fresh.reserve("a", 51, now=0.0) is not None
+    assert fresh.reserve("a", 50, now=0.0) is None
+
+
 def test_a_scale_shares_the_budget_and_never_rounds_it_to_nothing() -> None:
     rates = LocalRates(rules(rpm={"a": 10}), scale=1 / 3)  # three pods: 3 each
     assert sum(rates.reserve("a", 0, now=0.0) is None for _ in range(10)) == 3

@@ -9,6 +9,7 @@ import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
@@ -281,3 +282,32 @@ def test_rate_and_token_budgets_hold_under_wsgi_too() -> None:
         "rejected:tokens_per_minute": 1,
         "rejected:requests_per_minute": 1,
     }
+
+
+def reporting_app(environ: dict[str, object], start_response: Any) -> Iterator[bytes]:
+    """A WSGI backend reporting 10 tokens used: in a JSON body, or in a stream's last
+    event, yielded chunk by chunk."""
+    stream = environ.get("PATH_INFO") == "/stream"
+    kind = "text/event-stream" if stream else "application/json"
+    start_response("200 OK", [("Content-Type", kind)])
+    if not stream:
+        yield json.dumps({"choices": [], "usage": {"total_tokens": 10}}).encode()
+        return
+    yield b'data: {"choices": [{"text": "a"}], "usage": null}\n\n'
+    last = b'data: {"choices": [], "usage": {"total_tokens": 10}}\n\ndata: [DONE]\n\n'
+    yield last[:20]
+    yield last[20:]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/stream"])
+def test_a_served_request_is_charged_the_tokens_its_response_reports_under_wsgi(
+    path: str,
+) -> None:
+    """Estimated at 600 tokens of a 1 000 budget, a request whose response reports 10 used
+    leaves room for the next, read in the worker thread as the ASGI path reads it."""
+    middleware = gated(reporting_app, tenant_header="x-tenant", tenant_tpm=1000)
+    body = {"prompt": "x" * 400, "max_tokens": 500}
+    with serving(middleware) as url, httpx.Client(base_url=url, trust_env=False) as http:
+        answers = [http.post(path, json=body, headers={"x-tenant": "a"}) for _ in range(3)]
+    middleware.close()
+    assert [answer.status_code for answer in answers] == [200] * 3

@@ -2,8 +2,8 @@
 --
 -- One call carries a batch of operations, one per key: KEYS[i] is
 -- obleth:{<pool>}:rate:<escaped tenant>, and ARGV holds four words per operation:
---   'reserve' or 'refund', requests per minute (0: no budget), tokens per minute (0: no
---   budget), the request's tokens.
+--   'reserve', 'refund' or 'charge', requests per minute (0: no budget, or for 'refund'
+--   keep the request counted), tokens per minute (0: no budget), the request's tokens.
 -- Each budget is a GCRA over one minute, as gateway/core/rates.py computes it in one
 -- process. The hash keeps, per budget ('r' requests, 't' tokens), how long until what it
 -- reserved is earned back, in ms as of 'at' (Redis' clock, ms): times relative to the
@@ -14,6 +14,8 @@
 -- 0 when taken; else 1 (requests) or 2 (tokens), and the ms until both would have room:
 -- the longer wait, -1 when the tokens exceed the whole budget (they never fit).
 -- refund: give a reservation back, never crediting time before now. Answers 0 and 0.
+-- charge: take tokens whatever the room (a served request used more than it reserved).
+-- Answers 0 and 0.
 -- A key expires when both budgets are whole again, so idle tenants cost no memory.
 
 local WINDOW = 60000
@@ -34,6 +36,8 @@ for i, key in ipairs(KEYS) do
   if op == 'refund' then
     if rpm > 0 then r_owed = math.max(r_owed - WINDOW / rpm, 0) end
     if tpm > 0 then t_owed = math.max(t_owed - tokens * WINDOW / tpm, 0) end
+  elseif op == 'charge' then
+    if tpm > 0 then t_owed = t_owed + tokens * WINDOW / tpm end
   else
     local r_after, t_after = r_owed, t_owed
     if rpm > 0 then r_after = r_owed + WINDOW / rpm end

@@ -10,8 +10,9 @@ unavailable``), ``open`` lets requests through without a budget, and ``local`` k
 budget in this process at this pod's share of the pool's (the rate divided by the live
 pods it last heard of), counted afresh for each outage.
 
-A reservation is given back where it was taken (``Refund``): to Redis, or to the local
-budget of the outage it was taken in. A refund that cannot reach Redis is dropped, which
+A reservation is settled where it was taken (``Refund``): to Redis, or to the local
+budget of the outage it was taken in; given back when its request did not run, corrected
+to the tokens its response reported when it did. A refund that cannot reach Redis is dropped, which
 only makes the rest of that tenant's minute stricter; so does a retried call that had run
 after all. A caller that leaves while its reservation is on its way has it given back
 when Redis answers.
@@ -36,7 +37,7 @@ from gateway.backends.redis.pod import PodState
 from gateway.complaints import Complaints
 from gateway.core.rates import LocalRates, OverRate, RateReason, RateRules
 from gateway.errors import Rejected
-from gateway.rates.budgets import NOTHING, Refund, over_rate
+from gateway.rates.budgets import NOTHING, Refund, over_rate, settle
 from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger("obleth.cluster")
@@ -132,11 +133,15 @@ class SharedRates:
             )
         return op
 
-    def _refund(self, key: str, args: tuple[str, int, int, int]) -> None:
+    def _refund(self, key: str, args: tuple[str, int, int, int], used: int | None = None) -> None:
         if not self._pod.running:
             return  # stopped: the client is closed (stop sent the refunds made before)
         _, rpm, tpm, tokens = args
-        self._send(key, ("refund", rpm, tpm, tokens))
+        if used is None:
+            self._send(key, ("refund", rpm, tpm, tokens))
+        elif tpm and used != tokens:  # the request stays counted (no requests per minute)
+            more = used > tokens
+            self._send(key, ("charge" if more else "refund", 0, tpm, abs(used - tokens)))
 
     def _unclaimed(
         self, key: str, args: tuple[str, int, int, int], answer: asyncio.Future[tuple[int, int]]
@@ -196,7 +201,7 @@ class SharedRates:
         over = alone.reserve(tenant, tokens, time.monotonic())
         if over is not None:
             return over_rate(over)
-        return functools.partial(_refund_alone, alone, tenant, tokens)
+        return functools.partial(settle, alone, tenant, tokens)
 
     def _complain(self, exc: BaseException) -> None:
         if self._complaints.may("rates"):
@@ -207,7 +212,3 @@ class SharedRates:
                 exc,
                 self._pod.settings.redis_failure_mode,
             )
-
-
-def _refund_alone(alone: LocalRates, tenant: str, tokens: int) -> None:
-    alone.refund(tenant, tokens, time.monotonic())
