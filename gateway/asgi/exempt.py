@@ -33,6 +33,10 @@ async def pass_routed(plan: FlightPlan, scope: Scope, receive: Receive, send: Se
     if router is None or reader is None:
         await plan.app(scope, receive, send)
         return
+    refused = plan.refuse_target(scope) if plan.refuse_target is not None else None
+    if refused:  # as for an admitted request: never routed, nor forwarded
+        await send_bad_request(send, BadRequest(refused, code="invalid_path"))
+        return
     body = None
     payload = None
     if has_json_body(scope, plan.max_body):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from gateway.asgi.body import RequestBody, client_left, declared_length, expects_continue
 from gateway.asgi.plan import FlightPlan, keep_record, naming_upstream, record_of, routed_keys
 from gateway.asgi.responses import answer_not_started, send_bad_request, send_rejection
+from gateway.asgi.timing import ResponseTimer
 from gateway.core.tickets import Ticket
 from gateway.core.tickets import ticket as make_ticket
 from gateway.errors import BadRequest, Disconnected, Rejected, Unroutable
@@ -43,15 +44,14 @@ class Flight:
     What the caller may rely on: the seats (and the routing decision) are given back
     exactly once, at the response's last chunk or when the app returns, whichever comes
     first, however the app ends; a request refused or abandoned before the app runs holds
-    nothing. When capacity providers follow time to first byte (``FlightPlan.first_byte``),
-    they are told the request's once, at its first body chunk (see ``_send_timed``).
+    nothing. When capacity providers follow the backends' latency (``FlightPlan.latency``),
+    they are told the request's figures (``ResponseTimer``).
     """
 
     __slots__ = (
         "body",
         "classification",
         "decision",
-        "handed",
         "permit",
         "plan",
         "receive",
@@ -148,11 +148,9 @@ class Flight:
                 self._admitted_span()
             body = self.body
             send = self._send
-            if plan.first_byte is not None:
-                # the hand-over time, None once fed; a flight without a feed never sets it
-                self.handed: float | None = time.monotonic()
-                send = self._send_timed
-            if plan.meters_usage and plan.settles_usage(self.reserved):  # tokens it used
+            if plan.latency is not None:  # times the response for the providers
+                send = ResponseTimer(send, plan.latency)
+            if plan.meters_usage and plan.settles_usage(self.ticket.tenant, self.reserved):
                 send = UsageMeter(send, self.settle_budget)
             await plan.app(scope, self.receive if body is None else body.replay, send)
             # a response whose seats came back at its last chunk is complete, whatever the
@@ -319,24 +317,6 @@ class Flight:
                 return self.send(message)
             message = naming_upstream(message, self.decision)
         return self.send(message)
-
-    def _send_timed(self, message: Message) -> Awaitable[None]:
-        """``_send`` for a plan with a first-byte feed (``FirstByteFeed``), which the app
-        gets instead: it feeds the time from the hand-over to the first body chunk that is
-        not empty (or to the last chunk, for an empty body), once, and only for a 2xx
-        response. A plan without a feed does not pay for this check on every chunk."""
-        handed = self.handed
-        if handed is not None:
-            kind = message["type"]
-            if kind == "http.response.body":
-                if message.get("body") or not message.get("more_body", False):
-                    self.handed = None
-                    feed = self.plan.first_byte
-                    if feed is not None:
-                        feed(time.monotonic() - handed)
-            elif kind == "http.response.start" and not 200 <= message["status"] < 300:
-                self.handed = None
-        return self._send(message)
 
     def _land(self) -> None:
         """Give the seats back and end the routing decision; counts once, however often it

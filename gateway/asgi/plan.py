@@ -1,6 +1,5 @@
 """``FlightPlan``: what every request through one middleware shares, looked up once when
-the middleware is built: the gateway's parts and the settings the request path reads; and
-``FirstByteFeed``, which tells capacity providers each request's time to first byte."""
+the middleware is built: the gateway's parts and the settings the request path reads."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from types import MappingProxyType
 
 from gateway.asgi.body import reads_body
 from gateway.asgi.responses import send_json_error
+from gateway.asgi.timing import LatencyFeed
 from gateway.complaints import Complaints
 from gateway.core.memo import Memo
 from gateway.core.tickets import PRIORITIES, Ticket, ticket
@@ -72,11 +72,11 @@ class FlightPlan:
         "complaints",
         "default",
         "default_ticket",
-        "first_byte",
         "free_seats",
         "gate_tokens",
         "gateway",
         "header_ticket",
+        "latency",
         "max_body",
         "meters_usage",
         "names_upstream",
@@ -171,14 +171,17 @@ class FlightPlan:
         self.wait_attributes = {
             priority: {"pool": config.pool, "priority": priority} for priority in PRIORITIES
         }
-        #: tells the providers that follow time to first byte each admitted request's;
-        #: None when no provider does, and then a request pays nothing for it
-        self.first_byte = FirstByteFeed.of(gateway, complaints)
+        #: tells the providers that follow the backends' latency each admitted request's
+        #: (``timing.py``); None when no provider does, and then a request pays nothing
+        self.latency = LatencyFeed.of(gateway, complaints)
 
-    def settles_usage(self, reserved: Refund | None) -> bool:
-        """Whether a request that reserved ``reserved`` has its response read for the
-        tokens it used (``gateway.rates.usage``): a tenant with a token budget."""
-        return self.meters_usage and reserved is not None and reserved is not NOTHING
+    def settles_usage(self, tenant: str, reserved: Refund | None) -> bool:
+        """Whether a request of ``tenant`` that reserved ``reserved`` has its response read
+        for the tokens it used (``gateway.rates.usage``): a tenant with a token budget."""
+        if not self.meters_usage or reserved is None or reserved is NOTHING:
+            return False
+        assert self.rates is not None
+        return self.rates.rules.of(tenant)[1] is not None
 
     def reads(self, scope: Scope) -> bool:
         """Whether this request's body is read before admission (see ``reads_body``)."""
@@ -222,60 +225,3 @@ class FlightPlan:
         ``Retry-After`` of the next health check."""
         retry = self.retry_unroutable_s if error.status == 503 else None
         await send_json_error(send, error.status, str(error), code=error.code, retry_after_s=retry)
-
-
-class FirstByteFeed:
-    """The first-byte feed: hands each admitted request's time to first byte to every
-    capacity provider with a ``first_byte(seconds)`` method.
-
-    The time runs from the moment the admitted (and routed) request is handed to the app
-    or the proxy, so the wait in the gateway's queue is left out, to the first chunk of
-    its response body that is not empty (the first token of a streamed answer; the whole
-    answer of one that is not streamed; the end of a response with an empty body). The
-    flight calls the feed at most once per request, on the event loop, and only for a
-    2xx response: an error answers fast without the backend doing the work a token
-    stands for, and would drag the measure of an unloaded backend down. The WSGI
-    middleware times its requests the same way in the server's worker thread and hands
-    the time to the loop (``gateway.wsgi.watch``).
-
-    A provider's ``first_byte`` must return at once and do no I/O. One that raises is
-    logged on the ``obleth.capacity`` logger under its name and its plugin's (at most once
-    a minute), and the request goes on; the other providers are still told.
-    """
-
-    __slots__ = ("_complaints", "_listeners")
-
-    def __init__(
-        self,
-        listeners: list[tuple[str, str, Callable[[float], object]]],
-        complaints: Complaints,
-    ) -> None:
-        """``listeners``: each provider's name, where it comes from (for the log) and its
-        ``first_byte`` method."""
-        self._listeners = listeners
-        self._complaints = complaints
-
-    @classmethod
-    def of(cls, gateway: Gateway, complaints: Complaints) -> FirstByteFeed | None:
-        """The feed of ``gateway``'s providers that have ``first_byte``; None when none has."""
-        listeners = []
-        for name, provider in gateway.providers.items():
-            method = getattr(provider, "first_byte", None)
-            if callable(method):
-                origin = gateway.plugins.origin_text("capacity provider", name)
-                listeners.append((name, origin, method))
-        return cls(listeners, complaints) if listeners else None
-
-    def __call__(self, seconds: float) -> None:
-        for name, origin, listener in self._listeners:
-            try:
-                listener(seconds)
-            except PASSED_ON:
-                raise
-            except BaseException:
-                if self._complaints.may(("first_byte", name)):
-                    log.exception(
-                        "capacity provider %r%s raised in first_byte(); the request goes on",
-                        name,
-                        origin,
-                    )

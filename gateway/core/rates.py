@@ -161,7 +161,9 @@ class LocalRates:
     def settle(self, tenant: str, reserved: int, used: int, now: float) -> None:
         """Correct a served request's ``reserved`` tokens to the ``used`` its response
         reported: the difference is given back, or taken on top when it used more (taken
-        whatever the room: the tokens are spent). The request itself stays counted."""
+        whatever the room, the tokens being spent, but no more than one minute's budget:
+        a usage no backend could report makes the tenant wait a minute, not for ever). The
+        request itself stays counted."""
         tpm = self._budgets(tenant)[1]
         if tpm is None or used == reserved:
             return
@@ -169,7 +171,7 @@ class LocalRates:
         if used < reserved:
             tats[1] = give_back(tats[1], now, reserved - used, tpm)
         else:
-            tats[1] = max(tats[1], now) + (used - reserved) * WINDOW_S / tpm
+            tats[1] = max(tats[1], now) + min(used - reserved, tpm) * WINDOW_S / tpm
 
     def _budgets(self, tenant: str) -> tuple[int | None, int | None]:
         rpm, tpm = self.rules.of(tenant)

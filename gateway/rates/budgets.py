@@ -60,7 +60,9 @@ class InProcessRates:
         self._rates = LocalRates(rules)
 
     async def reserve(self, tenant: str, tokens: int) -> Refund | Rejected:
-        # a tenant without budgets takes nothing, and its refund finds nothing to return
+        rpm, tpm = self.rules.of(tenant)
+        if rpm is None and tpm is None:
+            return NOTHING
         over = self._rates.reserve(tenant, tokens, time.monotonic())
         if over is not None:
             return over_rate(over)

@@ -31,14 +31,20 @@ class UsageReader:
     ``started``, ``read`` for each chunk, then ``ended``, which answers the
     ``total_tokens`` reported, or None. Reads only a 2xx response that is JSON or an event
     stream, not compressed. Used on the loop (``UsageMeter``) and in a WSGI worker thread
-    alike; one reader per response."""
+    alike; one reader per response.
 
-    __slots__ = ("_kept", "_kind", "_used")
+    What it costs: a JSON body's chunks are kept (up to ``MAX_JSON_BYTES``) and only its
+    ``usage`` object is parsed, once, at the end; a stream is split into events as it
+    passes, and only the last event that names a usage is kept, and parsed at the end."""
+
+    __slots__ = ("_kept", "_kind", "_last", "_parts", "_size")
 
     def __init__(self) -> None:
         self._kind = 0  # 0: nothing to read (not yet started, or not a kind it reads)
-        self._kept = b""
-        self._used: int | None = None
+        self._parts: list[bytes] = []  # a JSON body's chunks
+        self._size = 0
+        self._kept = b""  # a stream's event still incomplete
+        self._last = b""  # a stream's last whole event that names a usage
 
     def started(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
         self._kind = _kind_of(status, headers)
@@ -47,27 +53,36 @@ class UsageReader:
         kind = self._kind
         if not kind or not body:
             return
-        kept = self._kept + body if self._kept else body
         if kind == _JSON:
-            if len(kept) > MAX_JSON_BYTES:
-                self._kind, kept = 0, b""
-            self._kept = kept
+            self._size += len(body)
+            if self._size > MAX_JSON_BYTES:
+                self._kind, self._parts = 0, []
+            else:
+                self._parts.append(body)
             return
-        # events end with a blank line; only whole ones are read, the rest is kept
-        *whole, rest = kept.replace(b"\r\n", b"\n").split(b"\n\n")
+        # events end with a blank line; only whole ones are looked at, the rest is kept
+        kept = self._kept + body if self._kept else body
+        held = b""
+        if kept.endswith(b"\r"):  # maybe half of a CR LF: read with the next chunk
+            kept, held = kept[:-1], b"\r"
+        if b"\r" in kept:  # lines may end in CR LF, LF or CR
+            kept = kept.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *whole, rest = kept.split(b"\n\n")
         for event in whole:
-            if b'"total_tokens"' in event:  # not the "usage": null of every other event
-                used = _event_usage(event)
-                if used is not None:
-                    self._used = used
-        self._kept = rest if len(rest) <= MAX_EVENT_BYTES else b""
+            if b'"usage"' in event:
+                self._last = event
+        self._kept = rest + held if len(rest) <= MAX_EVENT_BYTES else b""
 
     def ended(self) -> int | None:
         kind, self._kind = self._kind, 0
-        kept, self._kept = self._kept, b""
         if kind == _JSON:
-            return _usage(kept)
-        return self._used if kind == _EVENTS else None
+            document, self._parts = b"".join(self._parts), []
+            return _usage_in(document)
+        if kind == _EVENTS:
+            last = self._kept if b'"usage"' in self._kept else self._last
+            self._kept = self._last = b""
+            return _event_usage(last) if last else None
+        return None
 
 
 class UsageMeter:
@@ -117,17 +132,27 @@ def _event_usage(event: bytes) -> int | None:
     data = b"\n".join(
         line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
     )
-    return _usage(data)
+    return _usage_in(data)
 
 
-def _usage(document: bytes) -> int | None:
-    """The ``total_tokens`` a JSON object's ``usage`` reports (or its prompt plus completion
-    tokens); None when it reports none, or is not such an object."""
-    if b'"usage"' not in document:
+_DECODER = json.JSONDecoder()
+
+
+def _usage_in(document: bytes) -> int | None:
+    """The tokens the top-level ``usage`` object of a JSON document reports (its
+    ``total_tokens``, else prompt plus completion tokens); None when it reports none. Only
+    that object is parsed: the last ``"usage":`` in the document, where OpenAI-style
+    servers put it, after the answer (a ``"usage"`` inside the answer's text is escaped,
+    and never matches)."""
+    at = document.rfind(b'"usage"')
+    if at < 0:
+        return None
+    text = document[at + len(b'"usage"') :].lstrip()
+    if not text.startswith(b":"):
         return None
     try:
-        usage = json.loads(document).get("usage")
-    except (ValueError, AttributeError):
+        usage, _ = _DECODER.raw_decode(text[1:].lstrip().decode("utf-8", "replace"))
+    except ValueError:
         return None
     if not isinstance(usage, dict):
         return None

@@ -180,6 +180,11 @@ class Batch:
             sequence.generated += 1
             if sequence.first_token_at is None:
                 sequence.first_token_at = now
+            elif sequence.last_token_at is not None:
+                gap = sequence.last_gap_s = now - sequence.last_token_at
+                if gap > sequence.longest_gap_s:
+                    sequence.longest_gap_s = gap
+            sequence.last_token_at = now
             emitted.append(sequence)
             if sequence.generated >= sequence.max_tokens:
                 del self._running[sequence.seq_id]

@@ -36,6 +36,13 @@ class Sequence:
     admitted_at: float | None = None
     """First admission; a re-admission after a preemption leaves it."""
     first_token_at: float | None = None
+    last_token_at: float | None = None
+    """When its latest token came (the client's stream has it by then)."""
+    last_gap_s: float = 0.0
+    """The wait before its latest token (0 before its second)."""
+    longest_gap_s: float = 0.0
+    """The longest wait between two of its tokens: a stall the client saw, as a preemption
+    and its recompute cause."""
     finished_at: float | None = None
     preemptions: int = 0
 

@@ -27,9 +27,10 @@ beyond one pool's fleet; each instance's state is built before the run."""
 class Instance:
     """A simulated server at ``url``: continuous batching on the running loop's clock.
 
-    ``first_token`` is called with a sequence the moment it produces its first token
-    (capacity providers that follow time to first byte are fed from it). Use from one
-    event loop only.
+    ``first_token`` is called with a sequence the moment it produces its first token, and
+    ``longer_gap`` the moment a token of it comes after its longest wait so far (capacity
+    providers that follow the backends' latency are fed from them). Use from one event
+    loop only.
     """
 
     def __init__(
@@ -38,10 +39,12 @@ class Instance:
         config: SimConfig,
         *,
         first_token: Callable[[Sequence], None] | None = None,
+        longer_gap: Callable[[Sequence], None] | None = None,
     ) -> None:
         self.url = url
         self.batch = Batch(config)
         self._first_token = first_token
+        self._longer_gap = longer_gap
         self._done: dict[int, asyncio.Future[Sequence]] = {}
         self._stepping = False
         #: requests this instance took (not those it refused: ``PromptTooLong``)
@@ -89,11 +92,14 @@ class Instance:
     def _end(self) -> None:
         loop = asyncio.get_running_loop()
         result = self.batch.end_step(loop.time())
-        first_token = self._first_token
-        if first_token is not None:
+        first_token, longer_gap = self._first_token, self._longer_gap
+        if first_token is not None or longer_gap is not None:
             for sequence in result.emitted:
                 if sequence.generated == 1:
-                    first_token(sequence)
+                    if first_token is not None:
+                        first_token(sequence)
+                elif longer_gap is not None and sequence.last_gap_s >= sequence.longest_gap_s:
+                    longer_gap(sequence)
         for sequence in result.finished:
             self._done.pop(sequence.seq_id).set_result(sequence)
         self._begin()

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.asgi.plan import FirstByteFeed
+from gateway.asgi.timing import LatencyFeed
 from gateway.complaints import Complaints
 from gateway.core.tickets import ticket
 from gateway.errors import ConfigError, Rejected, Unroutable
@@ -178,12 +178,16 @@ class _Run:
             self.tokens_of = functools.partial(
                 estimate_tokens, default_max_tokens=settings.default_max_tokens
             )
-        # providers that follow time to first byte hear it as in a server: from the
-        # moment the request is handed to its instance to its first token
-        self.feed = FirstByteFeed.of(self.gateway, Complaints())
-        first_token = self._first_token if self.feed is not None else None
+        # providers that follow the backends' latency hear it as in a server: from the
+        # moment the request is handed to its instance to its first token, and each
+        # stream's longest wait between two tokens whenever it grows
+        self.feed = LatencyFeed.of(self.gateway, Complaints())
+        feed = self.feed
+        first_token = self._first_token if feed is not None else None
+        longer_gap = self._longer_gap if feed is not None and feed.follows_gaps else None
         self.instances = [
-            Instance(url, plan.profile.config, first_token=first_token) for url in urls
+            Instance(url, plan.profile.config, first_token=first_token, longer_gap=longer_gap)
+            for url in urls
         ]
         self.by_url = {instance.url: n for n, instance in enumerate(self.instances)}
 
@@ -235,7 +239,14 @@ class _Run:
     def _first_token(self, sequence: Sequence) -> None:
         assert self.feed is not None
         assert sequence.first_token_at is not None
-        self.feed(sequence.first_token_at - sequence.arrived_at)
+        self.feed.first_byte(sequence.first_token_at - sequence.arrived_at)
+
+    def _longer_gap(self, sequence: Sequence) -> None:
+        """A stream's longest wait between two tokens so far, as ``ResponseTimer`` times
+        it in a server, for the providers that follow it."""
+        assert self.feed is not None
+        lasted = asyncio.get_running_loop().time() - sequence.arrived_at
+        self.feed.longest_gap(sequence.longest_gap_s, lasted)
 
     async def _serve(self, request: SimRequest, outcome: Outcome) -> None:
         """One request through the gateway to its instance, as the ASGI middleware takes

@@ -99,8 +99,8 @@ class WSGIGatewayMiddleware:
             start_response = _naming(start_response, record["route"])
         watch = None
         settle = passage.settle_usage() if plan.meters_usage else None
-        if plan.first_byte is not None or settle is not None:
-            watch = ResponseWatch(loop, plan.first_byte, settle)
+        if plan.latency is not None or settle is not None:
+            watch = ResponseWatch(loop, plan.latency, settle)
             start_response = watch.noting(start_response)
         try:
             result = self.app(environ, start_response)

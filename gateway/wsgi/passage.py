@@ -103,7 +103,7 @@ class Passage:
         tokens its response reports (``Flight.settle_budget``, to call on the loop); else
         None."""
         flight = self._flight
-        if flight is None or not flight.plan.settles_usage(flight.reserved):
+        if flight is None or not flight.plan.settles_usage(flight.ticket.tenant, flight.reserved):
             return None
         return flight.settle_budget
 

@@ -1,8 +1,8 @@
 """``ResponseWatch``: what the gateway reads of a WSGI response in the server's worker
-thread, handed to the gateway's loop: the time to its first byte, for the first-byte feed
-(``gateway.asgi.plan.FirstByteFeed``), and the tokens it reports it used, for the
-tenant's token budget (``gateway.rates.usage``), as the ASGI path reads both from the
-messages it sends."""
+thread, handed to the gateway's loop: its latency, for the capacity providers that follow
+it (``gateway.asgi.timing``), and the tokens it reports it used, for the tenant's token
+budget (``gateway.rates.usage``), as the ASGI path reads both from the messages it
+sends."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 from wsgiref.types import StartResponse
 
-from gateway.asgi.plan import FirstByteFeed
+from gateway.asgi.timing import LatencyFeed
 from gateway.rates.usage import UsageReader
 
 
@@ -20,19 +20,20 @@ class ResponseWatch:
     """Watches one admitted WSGI request's response from its hand-over to the app.
 
     - With a ``feed``: the time to the first body chunk that is not empty (or to the end
-      of an empty body) goes to it, on the loop, for a 2xx response only.
+      of an empty body), and the longest gap between two such chunks each time it grows,
+      go to it on the loop, for a 2xx response only.
     - With ``settle``: at the end of the body (not when it is cut short), the usage the
       response reported goes to it, on the loop, if it reported one.
 
     ``noting`` wraps ``start_response``; the response iterable calls ``chunk`` for each
     body chunk and ``ended`` once after the last."""
 
-    __slots__ = ("_feed", "_handed", "_loop", "_reader", "_settle", "status")
+    __slots__ = ("_feed", "_handed", "_last", "_longest", "_loop", "_reader", "_settle", "status")
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        feed: FirstByteFeed | None,
+        feed: LatencyFeed | None,
         settle: Callable[[int], None] | None,
     ) -> None:
         self._loop = loop
@@ -40,6 +41,8 @@ class ResponseWatch:
         self._settle = settle
         self._reader = UsageReader() if settle is not None else None
         self._handed = time.monotonic()
+        self._last: float | None = None  # the last non-empty chunk's time
+        self._longest = -1.0  # -1: fewer than two non-empty chunks so far
         self.status = 0
 
     def noting(self, start_response: StartResponse) -> StartResponse:
@@ -48,6 +51,8 @@ class ResponseWatch:
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             code = status.partition(" ")[0]
             self.status = int(code) if code.isdigit() else 0
+            if not 200 <= self.status < 300:
+                self._feed = None
             if self._reader is not None:
                 raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
                 self._reader.started(self.status, raw)
@@ -56,20 +61,38 @@ class ResponseWatch:
         return start
 
     def chunk(self, chunk: bytes) -> None:
-        if chunk and self._feed is not None:
-            self._first_byte()
+        feed = self._feed
+        if chunk and feed is not None:
+            now = time.monotonic()
+            last = self._last
+            if last is None:
+                self._to_loop(feed.first_byte, now - self._handed)
+                if not feed.follows_gaps:
+                    self._feed = None
+            elif now - last > self._longest:
+                self._longest = now - last
+                self._to_loop(feed.longest_gap, self._longest, now - self._handed)
+            self._last = now
         if self._reader is not None:
             self._reader.read(chunk)
 
     def ended(self) -> None:
-        self._first_byte()
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            now = time.monotonic()
+            if self._last is None:  # an empty body: its end is its first byte
+                self._to_loop(feed.first_byte, now - self._handed)
         reader, self._reader = self._reader, None
         if reader is not None and self._settle is not None:
             used = reader.ended()
             if used is not None:
-                self._loop.call_soon_threadsafe(self._settle, used)
+                self._to_loop(self._settle, used)
 
-    def _first_byte(self) -> None:
-        feed, self._feed = self._feed, None
-        if feed is not None and 200 <= self.status < 300:
-            self._loop.call_soon_threadsafe(feed, time.monotonic() - self._handed)
+    def _to_loop(self, callback: Callable[..., object], *args: object) -> None:
+        """Run ``callback(*args)`` on the gateway's loop; nothing once the loop has closed
+        (``WSGIGatewayMiddleware.close()`` under a response still streaming, which goes on)."""
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            if not self._loop.is_closed():
+                raise

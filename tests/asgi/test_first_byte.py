@@ -31,6 +31,17 @@ class Timing:
         self.samples.append(seconds)
 
 
+class Gaps(Timing):
+    """A provider that also follows the longest gap between two chunks of a stream."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.gaps: list[tuple[float, float]] = []
+
+    def longest_gap(self, seconds: float, lasted: float) -> None:
+        self.gaps.append((seconds, lasted))
+
+
 class Broken(Timing):
     def first_byte(self, seconds: float) -> None:
         raise RuntimeError("first_byte is broken")
@@ -39,7 +50,7 @@ class Broken(Timing):
 class TimingProviders:
     @hookimpl
     def obleth_capacity_providers(self) -> dict[str, Callable[[Settings], object]]:
-        return {"timing": Timing, "broken-timing": Broken}
+        return {"timing": Timing, "broken-timing": Broken, "gaps": Gaps}
 
 
 def gateway_with(
@@ -76,8 +87,8 @@ def test_the_feed_is_off_when_no_provider_follows_first_bytes() -> None:
         pass
 
     gw = gateway_with(app)
-    assert FlightPlan(app, gw.gateway, Complaints()).first_byte is None
-    assert FlightPlan(app, gateway_with(app, "timing").gateway, Complaints()).first_byte
+    assert FlightPlan(app, gw.gateway, Complaints()).latency is None
+    assert FlightPlan(app, gateway_with(app, "timing").gateway, Complaints()).latency
 
 
 def test_a_streamed_response_is_timed_to_its_first_token_once() -> None:
@@ -236,3 +247,33 @@ def test_a_provider_whose_first_byte_raises_breaks_no_request(
     assert len(complaints) == 1
     assert "'broken-timing'" in complaints[0].getMessage()
     assert complaints[0].exc_info is not None
+
+
+def test_a_stream_s_longest_gap_is_told_each_time_it_grows() -> None:
+    """A stall between two tokens (a backend's preemption) is told as soon as it ends,
+    with the time since the hand-over; a shorter gap later is not told, nor is the empty
+    chunk that ends the stream, nor anything of a response that is not 2xx."""
+
+    async def scenario() -> None:
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            await start(send, 200 if scope["path"] == "/ok" else 500)
+            await say(send, b"a")
+            await say(send, b"b")
+            await asyncio.sleep(0.2)
+            await say(send, b"c")
+            await say(send, b"d")
+            await asyncio.sleep(0.3)
+            await say(send, b"", more=False)
+
+        gw = gateway_with(app, "gaps")
+        provider = gw.gateway.providers["gaps"]
+        assert isinstance(provider, Gaps)
+        for path in ("/ok", "/failed"):
+            client = Client()
+            await gw(http_scope(path), client.receive, client.send)
+            assert client.text == b"abcd"
+        (first, _), (stall, lasted) = provider.gaps
+        assert first < stall and stall >= 0.2 and lasted >= stall
+        assert len(provider.samples) == 1  # the first byte, of the 2xx response only
+
+    run(scenario)

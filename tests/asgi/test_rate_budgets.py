@@ -18,7 +18,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway import GatewayMiddleware, Settings
+from gateway.asgi.plan import FlightPlan
+from gateway.complaints import Complaints
 from gateway.loopback import serve_in_task
+from gateway.rates.budgets import NOTHING
 from tests.backends.redis_pods import eventually
 
 
@@ -255,5 +258,23 @@ def test_a_served_request_is_charged_the_tokens_its_response_reports(
         assert [a.status_code for a in answers] == [200, second]
         if extra.get("stream"):
             assert answers[0].text.endswith("data: [DONE]\n\n")  # passed on unchanged
+
+    run(scenario)
+
+
+def test_only_tenants_with_a_token_budget_have_their_responses_read() -> None:
+    """Reading a response for its usage costs a parse: a tenant with no budget, or with
+    requests per minute only, is spared it (and one with no budget reserves nothing)."""
+
+    async def scenario() -> None:
+        settings = Settings(tenant_rpm={"free": 10}, tenant_tpm={"paid": 1000})
+        gw = GatewayMiddleware(app(), settings)
+        plan = FlightPlan(gw.app, gw.gateway, Complaints())
+        rates = gw.gateway.rates
+        assert rates is not None
+        reserved = {t: await rates.reserve(t, 10) for t in ("paid", "free", "nobody")}
+        assert reserved["nobody"] is NOTHING
+        assert [plan.settles_usage(t, r) for t, r in reserved.items()] == [True, False, False]
+        assert not FlightPlan(gw.app, GatewayMiddleware(app()).gateway, Complaints()).meters_usage
 
     run(scenario)

@@ -92,9 +92,9 @@ def test_settling_charges_the_tokens_used_and_keeps_the_request_counted() -> Non
     assert rates.reserve("a", 0, now=0.0) is not None  # but two requests already
     more = LocalRates(rules(tpm={"a": 100}))
     assert more.reserve("a", 10, now=0.0) is None
-    more.settle("a", 10, 130, now=0.0)  # used more than the minute: taken all the same
+    more.settle("a", 10, 130, now=0.0)  # used more than the minute: a minute's taken
     over = more.reserve("a", 1, now=0.0)
-    assert over is not None and over.retry_after_s == pytest.approx(18.6)  # 131 - 100 tokens
+    assert over is not None and over.retry_after_s == pytest.approx(6.6)  # 10 + 100 + 1
     fresh = LocalRates(rules(tpm={"a": 100}))
     fresh.settle("a", 0, 50, now=0.0)  # forgotten meanwhile: charged from now
     assert fresh.reserve("a", 51, now=0.0) is not None

@@ -52,3 +52,23 @@ async def test_an_unforwardable_target_gets_400_while_the_gate_is_full_and_takes
         # counted among requests refused before admission, under the tenant it names
         totals = served.app.gateway.tallies.totals()
         assert totals.get(("anonymous", "standard", "bad_request", "400")) == 2
+
+
+async def test_an_exempt_path_with_an_escaped_dot_segment_is_refused_unrouted() -> None:
+    """``/tokenize/..%5cadmin`` counts as exempt (its segments, as written, are no dot
+    segments), so it skips admission; still, it is refused before routing, as an
+    admitted request would be, and its answer names no upstream."""
+    async with serving(exempt_paths=("/healthz", "/tokenize"), upstream_header=True) as served:
+        host, port = served.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            request = "GET /tokenize/..%5cadmin HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+            writer.write(request.encode())
+            answer = await asyncio.wait_for(reader.read(), 5)
+        finally:
+            writer.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 ")
+        assert b"x-obleth-upstream" not in head.lower()
+        assert json.loads(body)["error"]["code"] == "invalid_path"
+        assert served.echo.received == []

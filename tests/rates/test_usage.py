@@ -86,7 +86,7 @@ def test_prompt_plus_completion_when_no_total_is_given() -> None:
         ([b'{"usage": {"total_tokens": true}}'], JSON, 200, True),
         ([b'{"usage": "lots"}'], JSON, 200, True),
         ([b"[1, 2]"], JSON, 200, True),
-        ([b'{"usage": {"total_tokens": 5}'], JSON, 200, True),  # not JSON
+        ([b'{"usage": {"total_tokens": 5'], JSON, 200, True),  # cut inside the usage
         ([b'{"usage": {"total_tokens": 5}, "x": "', b"y" * MAX_JSON_BYTES, b'"}'], JSON, 200, True),
     ],
 )
@@ -94,3 +94,31 @@ def test_what_cannot_be_trusted_settles_nothing(
     chunks: list[bytes], headers: list[tuple[bytes, bytes]], status: int, end: bool
 ) -> None:
     assert answer(chunks, headers, status, end)[0] == []
+
+
+def test_only_the_usage_object_is_read_and_a_usage_in_the_text_does_not_count() -> None:
+    answer_text = 'the field is called "usage": {"total_tokens": 999}'
+    body = json.dumps({"choices": [{"text": answer_text}], "usage": {"total_tokens": 7}})
+    assert answer([body.encode()], JSON)[0] == [7]
+    no_usage = json.dumps({"choices": [{"text": answer_text}]}).encode()
+    assert answer([no_usage], JSON)[0] == []
+
+
+def test_a_stream_reporting_prompt_and_completion_tokens_counts_their_sum() -> None:
+    body = stream({"prompt_tokens": 5, "completion_tokens": 3})
+    assert answer([body], SSE)[0] == [8]
+
+
+@pytest.mark.parametrize("cut", [1, 3, 1000])
+def test_events_ending_in_a_bare_cr_or_without_a_last_blank_line_are_read(cut: int) -> None:
+    body = stream({"total_tokens": 8}).replace(b"\n", b"\r")
+    assert answer([body[i : i + cut] for i in range(0, len(body), cut)], SSE)[0] == [8]
+    unended = event({"usage": {"total_tokens": 4}}).rstrip(b"\n")
+    assert answer([unended], SSE)[0] == [4]
+
+
+def test_a_cr_lf_cut_between_chunks_does_not_split_an_event() -> None:
+    """An event whose data spans two lines, its CR LF cut in two: still one event."""
+    body = b'data: {"usage":\r\ndata: {"total_tokens": 6}}\r\n\r\n'
+    at = body.index(b"\r") + 1
+    assert answer([body[:at], body[at:]], SSE)[0] == [6]

@@ -230,6 +230,7 @@ def test_capacity_providers_that_follow_first_bytes_are_fed_from_wsgi_too() -> N
     """The first-byte feed: once per admitted 2xx request, timed from the app's call to
     its first chunk, handed to the provider on the gateway's loop."""
     fed: list[tuple[float, bool]] = []
+    gaps: list[tuple[float, float, bool]] = []
 
     class Timed:
         def max_in_flight(self) -> int:
@@ -238,6 +239,10 @@ def test_capacity_providers_that_follow_first_bytes_are_fed_from_wsgi_too() -> N
         def first_byte(self, seconds: float) -> None:
             on_loop = threading.current_thread().name == "obleth-gateway"
             fed.append((seconds, on_loop))
+
+        def longest_gap(self, seconds: float, lasted: float) -> None:
+            on_loop = threading.current_thread().name == "obleth-gateway"
+            gaps.append((seconds, lasted, on_loop))
 
     class Plugin:
         @hookimpl
@@ -252,12 +257,14 @@ def test_capacity_providers_that_follow_first_bytes_are_fed_from_wsgi_too() -> N
     with serving(middleware) as url:
         answers = [post(url) for _ in range(3)]
         missing = httpx.get(url + "/healthz", trust_env=False)  # exempt: not timed
-        wait_until(lambda: len(fed) == 3)
+        wait_until(lambda: len(fed) == 3 and len(gaps) >= 3)
     middleware.close()
 
     assert [answer.status_code for answer in answers] == [200] * 3
     assert missing.status_code == 200
     assert all(seconds >= 0 and on_loop for seconds, on_loop in fed), fed
+    # each stream of several chunks told its longest gap at least once, on the loop
+    assert len(gaps) >= 3 and all(0 <= gap <= lasted and loop for gap, lasted, loop in gaps)
 
 
 def test_rate_and_token_budgets_hold_under_wsgi_too() -> None:

@@ -9,7 +9,7 @@ import logging
 import sys
 from collections.abc import Iterable, Iterator, Sized
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 from wsgiref.util import setup_testing_defaults
 
@@ -189,3 +189,27 @@ def test_a_response_dropped_in_a_reference_cycle_gives_its_seat_back_when_collec
     assert first == b"first\n"
     assert outcomes(middleware) == {"cancelled": 1}
     assert [record for record in caplog.records if record.levelno >= logging.WARNING] == []
+
+
+def test_a_response_read_past_close_ends_cleanly_with_a_token_budget_and_timing() -> None:
+    """``close()`` under a response still streaming: the response goes on to its end, and
+    what the gateway read of it (its usage, its gaps) is dropped with the loop it was
+    for, rather than raised into the server."""
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterator[bytes]:
+        start_response("200 OK", [("Content-Type", "text/event-stream")])
+        yield b'data: {"usage": null}\n\n'
+        yield b'data: {"usage": {"total_tokens": 3}}\n\n'
+        yield b"data: [DONE]\n\n"
+
+    middleware = gated(app, tenant_tpm=1000)
+    response = middleware(environ_of(), ignore_head)
+    chunks = iter(response)
+    first = next(chunks)
+    middleware.close()
+    assert [first, *chunks] == [
+        b'data: {"usage": null}\n\n',
+        b'data: {"usage": {"total_tokens": 3}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+    cast(Any, response).close()

@@ -14,8 +14,8 @@
 -- 0 when taken; else 1 (requests) or 2 (tokens), and the ms until both would have room:
 -- the longer wait, -1 when the tokens exceed the whole budget (they never fit).
 -- refund: give a reservation back, never crediting time before now. Answers 0 and 0.
--- charge: take tokens whatever the room (a served request used more than it reserved).
--- Answers 0 and 0.
+-- charge: take tokens whatever the room, at most a minute's budget (a served request used
+-- more than it reserved). Answers 0 and 0.
 -- A key expires when both budgets are whole again, so idle tenants cost no memory.
 
 local WINDOW = 60000
@@ -37,7 +37,7 @@ for i, key in ipairs(KEYS) do
     if rpm > 0 then r_owed = math.max(r_owed - WINDOW / rpm, 0) end
     if tpm > 0 then t_owed = math.max(t_owed - tokens * WINDOW / tpm, 0) end
   elseif op == 'charge' then
-    if tpm > 0 then t_owed = t_owed + tokens * WINDOW / tpm end
+    if tpm > 0 then t_owed = t_owed + math.min(tokens, tpm) * WINDOW / tpm end
   else
     local r_after, t_after = r_owed, t_owed
     if rpm > 0 then r_after = r_owed + WINDOW / rpm end

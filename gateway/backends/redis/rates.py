@@ -12,10 +12,10 @@ pods it last heard of), counted afresh for each outage.
 
 A reservation is settled where it was taken (``Refund``): to Redis, or to the local
 budget of the outage it was taken in; given back when its request did not run, corrected
-to the tokens its response reported when it did. A refund that cannot reach Redis is dropped, which
-only makes the rest of that tenant's minute stricter; so does a retried call that had run
-after all. A caller that leaves while its reservation is on its way has it given back
-when Redis answers.
+to the tokens its response reported when it did. A settlement that cannot reach Redis is
+dropped: a refund lost makes the rest of that tenant's minute stricter (as does a retried
+call that had run after all), a charge lost makes it more lenient. A caller that leaves
+while its reservation is on its way has it given back when Redis answers.
 """
 
 from __future__ import annotations
@@ -140,8 +140,10 @@ class SharedRates:
         if used is None:
             self._send(key, ("refund", rpm, tpm, tokens))
         elif tpm and used != tokens:  # the request stays counted (no requests per minute)
-            more = used > tokens
-            self._send(key, ("charge" if more else "refund", 0, tpm, abs(used - tokens)))
+            if used > tokens:  # at most a minute's budget, as LocalRates.settle takes
+                self._send(key, ("charge", 0, tpm, min(used - tokens, tpm)))
+            else:
+                self._send(key, ("refund", 0, tpm, tokens - used))
 
     def _unclaimed(
         self, key: str, args: tuple[str, int, int, int], answer: asyncio.Future[tuple[int, int]]

@@ -335,3 +335,64 @@ def test_garbage_samples_are_ignored() -> None:
         run.law.sample(bad, run.now)
     assert run.law.probing
     assert run.law.baseline is None
+
+
+# -- stalls -----------------------------------------------------------------------------------
+
+
+def test_a_stream_that_stalls_cuts_the_limit_at_once() -> None:
+    """A gap between two tokens over stall_within (10) times the no-load time is a
+    preemption's mark: the limit is cut to 0.7 of itself at once, mid-window."""
+    run = probed(0.1, initial=40, ceiling=100)
+    run.feed(0.1, 2)  # half a window
+    run.now += 1.0
+    run.law.stall(1.01, lasted=2.0, now=run.now)
+    assert run.law.limit() == 28
+    assert "stalled 1010 ms" in run.law.reason
+    assert run.windows(0.1, 2) == [33, 36]  # back towards 0.9 of 40 as after any cut
+
+
+def test_gaps_a_batch_s_steps_make_do_not_cut() -> None:
+    run = probed(0.1, initial=40, ceiling=100)
+    run.now += 1.0
+    run.law.stall(0.99, lasted=2.0, now=run.now)  # 9.9x: slow steps, not a stall
+    assert run.law.limit() == 40
+
+
+def test_streams_handed_over_before_the_last_cut_do_not_cut_again() -> None:
+    """Every stream running when the backends preempted may stall: the first cut answers
+    them all. A stream handed over after the cut stalling cuts again; so does one after a
+    cut for slow first bytes."""
+    run = probed(0.1, initial=40, ceiling=100)
+    run.now += 1.0
+    run.law.stall(2.0, lasted=3.0, now=run.now)
+    assert run.law.limit() == 28
+    cut = run.now
+    run.now += 0.5
+    run.law.stall(2.0, lasted=3.0, now=run.now)  # handed over 2.5 s before the cut
+    assert run.law.limit() == 28
+    run.now += 3.0
+    run.law.stall(2.0, lasted=run.now - cut - 0.1, now=run.now)  # after it
+    assert run.law.limit() == 19
+    assert run.windows(0.8, 1) == [9]  # slow first bytes: halved
+    run.now += 1.0
+    run.law.stall(2.0, lasted=5.0, now=run.now)  # handed over before that cut
+    assert run.law.limit() == 9
+
+
+def test_stalls_are_ignored_while_probing_and_before_a_baseline() -> None:
+    run = Run(initial=40)
+    run.law.stall(5.0, lasted=6.0, now=run.now)  # the first probe has no baseline yet
+    assert run.law.probing
+    run.feed(0.1, 3)
+    assert run.law.limit() == 40
+    run.law.stall(float("nan"), lasted=1.0, now=run.now + 1)
+    run.law.stall(5.0, lasted=-1.0, now=run.now + 1)
+    assert run.law.limit() == 40
+
+
+def test_a_stall_never_takes_the_limit_below_the_floor() -> None:
+    run = probed(0.1, initial=3, floor=2, ceiling=100)
+    run.now += 1.0
+    run.law.stall(5.0, lasted=6.0, now=run.now)
+    assert run.law.limit() == 2

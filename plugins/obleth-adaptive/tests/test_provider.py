@@ -52,9 +52,9 @@ def test_the_gateway_follows_each_announced_change(monkeypatch: pytest.MonkeyPat
     assert gateway.capacity.current() == 6
 
 
-def test_each_change_is_announced_once_and_nothing_else_is() -> None:
-    """Subscribers are called once per change of the value, never for a sample that
-    leaves it as it was."""
+def probed_at_40() -> tuple[AdaptiveLimit, Clock, list[int]]:
+    """A provider past its first probe (no-load time 0.1 s), at its ceiling of 40, and
+    the values it announced since (40, at the probe's end)."""
     clock = Clock()
     provider = AdaptiveLimit(
         Knobs(initial=40, window=2, probe_samples=2, probe_every=0), ceiling=40, clock=clock
@@ -62,9 +62,30 @@ def test_each_change_is_announced_once_and_nothing_else_is() -> None:
     seen: list[int] = []
     provider.subscribe(lambda: seen.append(provider.max_in_flight()))
     fed(provider, clock, 0.1, 2)  # the probe ends: 3 -> 40
+    return provider, clock, seen
+
+
+def test_each_change_is_announced_once_and_nothing_else_is() -> None:
+    """Subscribers are called once per change of the value, never for a sample that
+    leaves it as it was."""
+    provider, clock, seen = probed_at_40()
     fed(provider, clock, 0.1, 4)  # at the ceiling: holds
     fed(provider, clock, 0.8, 4)  # 8x: halved twice
     assert seen == [40, 20, 10]
+
+
+def test_a_stalled_stream_the_gateway_tells_of_cuts_the_limit_and_is_announced() -> None:
+    """The gateway's latency feed hands over each stream's longest gap between tokens:
+    one past ten times the no-load time cuts the limit at once, and says why."""
+    provider, clock, seen = probed_at_40()
+    clock.now += 3.0
+    provider.longest_gap(0.5, 2.0)  # 5x the no-load time: a slow step, not a stall
+    provider.longest_gap(1.5, 2.0)
+    assert seen == [40, 28]
+    assert provider.explain()["reason"] == (
+        "decrease: a stream stalled 1500 ms between two tokens (15.0x the no-load time to "
+        "first byte)"
+    )
 
 
 def test_the_operators_limit_bounds_the_provider() -> None:
@@ -218,6 +239,7 @@ def test_knobs_come_from_the_environment() -> None:
             "OBLETH_ADAPTIVE_FLOOR": "2",
             "OBLETH_ADAPTIVE_INITIAL": "16",
             "OBLETH_ADAPTIVE_TOLERANCE": "3",
+            "OBLETH_ADAPTIVE_STALL_WITHIN": "12",
             "OBLETH_ADAPTIVE_GROW_WITHIN": "1.2",
             "OBLETH_ADAPTIVE_WINDOW": "20",
             "OBLETH_ADAPTIVE_USE": "0.5",
@@ -231,6 +253,7 @@ def test_knobs_come_from_the_environment() -> None:
         floor=2,
         initial=16,
         tolerance=3.0,
+        stall_within=12.0,
         grow_within=1.2,
         window=20,
         use=0.5,

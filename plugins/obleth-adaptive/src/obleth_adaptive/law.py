@@ -23,6 +23,11 @@ MIN_WINDOW = 3
 the limit (a low limit gets few first bytes per second, and must not wait long for a
 decision)."""
 
+STALL_CUT = 0.7
+"""A stalled stream multiplies the limit by this (and lowers it by one at least): a stall
+is a preemption's mark, and a preemption wastes work done already, so the cut is large
+and at once, as a loss cuts TCP's window."""
+
 STUCK_WINDOWS = 5
 """Consecutive windows at the floor with first bytes still too slow after which the law
 probes early: the no-load time it compares with has likely risen (a slower model, longer
@@ -40,6 +45,9 @@ class Knobs:
     tolerance: float = 4.0
     """How many times the no-load time to first byte a window may take before the limit
     shrinks."""
+    stall_within: float = 10.0
+    """How many times the no-load time to first byte a stream may wait between two tokens
+    before the wait counts as a stall, and the limit is cut."""
     grow_within: float | None = None
     """How many times the no-load time a window may take at most for the limit to grow;
     between this and ``tolerance`` the limit holds. None: ``tolerance`` (no band where it
@@ -88,6 +96,16 @@ class Law:
       TCP CUBIC does around the window of its last loss;
     - in between, or while the limit is not in use: it holds.
 
+    Each finished stream's *longest gap* between two tokens is checked too (``stall``): a
+    batching backend sends a running sequence's tokens a step apart, and one it preempts
+    for want of KV cache stops until its prefill is computed again. A gap above
+    ``tolerance`` times the baseline is such a stall: the limit is multiplied by
+    ``STALL_CUT`` at once, whatever the window holds; a stall of a stream handed over
+    before the last cut, of either kind, does not cut again (it describes the limit
+    before, and the cut answered it already). The
+    first bytes miss what a stall shows: preemptions begin one or two sequences past what
+    the caches hold, while first bytes slow down only further on.
+
     A sample counts only if its request was handed to the app after the last change of
     the limit: one handed over before describes a limit that no longer holds, and would
     make the law cut (or grow) twice for the same cause.
@@ -132,6 +150,7 @@ class Law:
         self._countdown = math.inf  # limits' worth of samples until the next periodic probe
         self._stuck = 0
         self._last_cut = math.inf  # the limit at the last cut
+        self._cut_at = -math.inf  # when the limit was last cut
         self._creep = 0  # increases past NEAR_CUT of the last cut since that cut
 
     # -- reading the law --------------------------------------------------------------------
@@ -171,6 +190,31 @@ class Law:
         if len(self._window) >= min(self.knobs.window, max(MIN_WINDOW, limit)):
             self._decide(now)
 
+    def stall(self, gap: float, lasted: float, now: float) -> None:
+        """One finished stream's longest wait between two tokens, ``gap``, seen at ``now``
+        (same clock) after it lasted ``lasted`` since its hand-over (seconds)."""
+        if not (0.0 <= gap < math.inf and 0.0 <= lasted < math.inf):
+            return
+        self.expire(now)
+        baseline, current = self.baseline, self._limit
+        if self._probe is not None or baseline is None or current is None:
+            return
+        if now - lasted < self._cut_at or gap <= self.knobs.stall_within * baseline:
+            return
+        top = self.ceiling()
+        floor = min(self.knobs.floor, top)
+        current = min(max(current, float(floor)), float(top))
+        self._limit = max(float(floor), min(current - 1, current * STALL_CUT))
+        self._last_cut = current
+        self._creep = 0
+        self._cut_at = self._since = now
+        self._window.clear()
+        ratio = gap / baseline if baseline > 0 else math.inf
+        self.reason = (
+            f"decrease: a stream stalled {gap * 1000:.0f} ms between two tokens "
+            f"({ratio:.1f}x the no-load time to first byte)"
+        )
+
     def expire(self, now: float) -> None:
         """End the probe under way if its time is up at ``now``; else do nothing."""
         probe = self._probe
@@ -195,6 +239,7 @@ class Law:
             new = max(float(floor), min(current - 1, current * gradient))
             self._last_cut = current
             self._creep = 0
+            self._cut_at = now
             self.reason = f"decrease: first bytes take {ratio:.2f}x the no-load time"
         elif ratio > grow_within:
             new = current

@@ -36,6 +36,7 @@ def knobs_from(environ: Mapping[str, str]) -> Knobs:
         floor=floor,
         initial=initial,
         tolerance=tolerance,
+        stall_within=env.number("STALL_WITHIN", defaults.stall_within, above=1.0),
         grow_within=grow_within,
         window=env.whole("WINDOW", defaults.window, least=1),
         use=env.number("USE", defaults.use, above=0.0, most=1.0),

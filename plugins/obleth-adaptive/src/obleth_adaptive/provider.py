@@ -78,6 +78,13 @@ class AdaptiveLimit:
         self.law.sample(seconds, self._clock())
         self._after(was_probing)
 
+    def longest_gap(self, seconds: float, lasted: float) -> None:
+        """One finished stream's longest wait between two tokens, and how long it lasted
+        (the gateway's latency feed)."""
+        was_probing = self.law.probing
+        self.law.stall(seconds, lasted, self._clock())
+        self._after(was_probing)
+
     async def stop(self) -> None:
         """Cancel a probe's pending time-out: the gateway is stopping."""
         if self._timer is not None:

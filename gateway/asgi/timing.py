@@ -1,0 +1,136 @@
+"""What the capacity providers that follow the backends' latency are told of each
+admitted request (``LatencyFeed``), and the timing of an ASGI response that gives it
+(``ResponseTimer``).
+
+Two measures, both from the moment the admitted (and routed) request is handed to the
+app or the proxy, so that the wait in the gateway's queue is left out, and both of a 2xx
+response only (an error answers fast, without the work a token stands for):
+
+- its *time to first byte*: to the first chunk of its body that is not empty (the first
+  token of a streamed answer; the whole answer of one that is not streamed; the end of
+  an empty body), told to ``first_byte(seconds)``, once per request;
+- its *longest gap*: the longest wait between two of its body chunks that are not empty,
+  told to ``longest_gap(seconds, lasted)`` with the time since the hand-over each time
+  it grows, at the chunk that ends it: a stream tells it once at its second chunk, then
+  again only when a longer wait ends (a few times per stream). A batching backend sends a
+  running sequence's tokens a step apart; a sequence it preempts for want of KV cache
+  stops until it is computed again, and that stall is told as soon as it ends.
+
+The WSGI middleware times its responses the same way in the server's worker thread and
+hands the figures to the loop (``gateway.wsgi.watch``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from gateway.complaints import Complaints
+from gateway.faults import PASSED_ON
+from gateway.types import Message, Send
+
+if TYPE_CHECKING:
+    from gateway.gateway import Gateway
+
+log = logging.getLogger("obleth.capacity")
+
+Listener = tuple[str, str, Callable[..., object]]
+"""A provider's name, where it comes from (for the log) and the method told."""
+
+
+class LatencyFeed:
+    """Tells every capacity provider with ``first_byte`` or ``longest_gap`` each admitted
+    request's figures (see the module's docstring), on the event loop.
+
+    A provider's methods must return at once and do no I/O. One that raises is logged on
+    the ``obleth.capacity`` logger under its name and its plugin's (at most once a minute),
+    and the request goes on; the other providers are still told."""
+
+    __slots__ = ("_complaints", "_first_bytes", "_gaps", "follows_gaps")
+
+    def __init__(
+        self, first_bytes: list[Listener], gaps: list[Listener], complaints: Complaints
+    ) -> None:
+        self._first_bytes = first_bytes
+        self._gaps = gaps
+        self._complaints = complaints
+        #: whether any provider hears the longest gaps: only then are all chunks timed
+        self.follows_gaps = bool(gaps)
+
+    @classmethod
+    def of(cls, gateway: Gateway, complaints: Complaints) -> LatencyFeed | None:
+        """The feed of ``gateway``'s providers; None when none has either method (its
+        requests are then not timed at all)."""
+        found: dict[str, list[Listener]] = {"first_byte": [], "longest_gap": []}
+        for name, provider in gateway.providers.items():
+            for method_name, listeners in found.items():
+                method = getattr(provider, method_name, None)
+                if callable(method):
+                    origin = gateway.plugins.origin_text("capacity provider", name)
+                    listeners.append((name, origin, method))
+        if not any(found.values()):
+            return None
+        return cls(found["first_byte"], found["longest_gap"], complaints)
+
+    def first_byte(self, seconds: float) -> None:
+        self._tell(self._first_bytes, "first_byte", seconds)
+
+    def longest_gap(self, seconds: float, lasted: float) -> None:
+        self._tell(self._gaps, "longest_gap", seconds, lasted)
+
+    def _tell(self, listeners: list[Listener], method: str, *figures: float) -> None:
+        for name, origin, listener in listeners:
+            try:
+                listener(*figures)
+            except PASSED_ON:
+                raise
+            except BaseException:
+                if self._complaints.may((method, name)):
+                    log.exception(
+                        "capacity provider %r%s raised in %s(); the request goes on",
+                        name,
+                        origin,
+                        method,
+                    )
+
+
+class ResponseTimer:
+    """Wraps an admitted request's ``send``: passes every message on unchanged, and times
+    a 2xx response for ``feed`` (see the module's docstring). Built at the hand-over."""
+
+    __slots__ = ("_feed", "_handed", "_last", "_longest", "_send", "_timing")
+
+    def __init__(self, send: Send, feed: LatencyFeed) -> None:
+        self._send = send
+        self._feed = feed
+        self._handed = time.monotonic()
+        self._timing = False  # a 2xx response whose figures are still wanted
+        self._last: float | None = None  # the last non-empty chunk's time
+        self._longest = -1.0  # -1: fewer than two non-empty chunks so far
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        kind = message["type"]
+        if kind == "http.response.body" and self._timing:
+            body, more = message.get("body"), message.get("more_body", False)
+            if body or not more:
+                self._chunk(bool(body), more)
+        elif kind == "http.response.start":
+            self._timing = 200 <= message["status"] < 300
+        return self._send(message)
+
+    def _chunk(self, filled: bool, more: bool) -> None:
+        now = time.monotonic()
+        feed, last = self._feed, self._last
+        if last is None:
+            feed.first_byte(now - self._handed)
+            if not feed.follows_gaps:
+                self._timing = False
+        elif filled and now - last > self._longest:
+            self._longest = now - last
+            feed.longest_gap(self._longest, now - self._handed)
+        if filled:
+            self._last = now
+        if not more:
+            self._timing = False
