@@ -40,14 +40,14 @@ class CapacityProvider(Protocol):
     the event loop, once per admitted request answered 2xx, with the time from the request's
     hand-over to the app or proxy (its queue wait left out) to its first non-empty body
     chunk; and ``longest_gap(seconds, lasted)``: for a streamed 2xx response, its longest
-    wait between two non-empty body chunks each time that grows, with the time since the
-    hand-over (``gateway.asgi.timing``). They must return at once, without I/O, and an
-    exception from one is logged while the request goes on. In cluster mode a provider
-    that cannot be set (one without ``set_max_in_flight``: every provider but ``static``)
-    is *computed*: it runs on every pod, but only the value of the pod holding the pool's
-    leader lease counts; that pod writes it to Redis and every pod, itself included, uses
-    it. Its value must therefore depend only on what every pod can observe, never on which
-    pod computes it. Several providers combine by minimum."""
+    wait between two non-empty body chunks as it grows (more than twice the last told),
+    with the time since the hand-over (``gateway.asgi.timing``). They must return at
+    once, without I/O, and an exception from one is logged while the request goes on. In
+    cluster mode a provider that cannot be set (one without ``set_max_in_flight``: every
+    provider but ``static``) is *computed*: it runs on every pod, but only the value of the
+    pod holding the pool's leader lease counts; that pod writes it to Redis and every pod,
+    itself included, uses it. Its value must therefore depend only on what every pod can
+    observe, never on which pod computes it. Several providers combine by minimum."""
 
     def max_in_flight(self) -> int: ...
 

@@ -55,10 +55,11 @@ class GatewayMiddleware:
     ``route``: for an app that forwards every request to the chosen upstream, as
     ``ProxyApp`` does, which would otherwise have nowhere to send them.
 
-    ``refuse_target(scope)``, when given, says why a request that is not exempt can never
-    be served (``ProxyApp``'s ``unforwardable_path``: a dot segment, ``OPTIONS *``), or
-    None: such a request is answered ``400 invalid_path`` before it is admitted, even
-    while the gate is full, and counted as ``bad_request``.
+    ``refuse_target(scope)``, when given, says why a request can never be served
+    (``ProxyApp``'s ``unforwardable_path``: a dot segment, ``OPTIONS *``), or None: such a
+    request is answered ``400 invalid_path`` before it is admitted, even while the gate is
+    full, and counted as ``bad_request``; on an exempt path routed for the app
+    (``route_exempt``), before it is routed.
     """
 
     def __init__(

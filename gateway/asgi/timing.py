@@ -10,11 +10,13 @@ response only (an error answers fast, without the work a token stands for):
   token of a streamed answer; the whole answer of one that is not streamed; the end of
   an empty body), told to ``first_byte(seconds)``, once per request;
 - its *longest gap*: the longest wait between two of its body chunks that are not empty,
-  told to ``longest_gap(seconds, lasted)`` with the time since the hand-over each time
-  it grows, at the chunk that ends it: a stream tells it once at its second chunk, then
-  again only when a longer wait ends (a few times per stream). A batching backend sends a
-  running sequence's tokens a step apart; a sequence it preempts for want of KV cache
-  stops until it is computed again, and that stall is told as soon as it ends.
+  told to ``longest_gap(seconds, lasted)`` with the time since the hand-over, at the
+  chunk that ends it: at the second chunk, then whenever a wait ends that is more than
+  ``GAP_GROWTH`` (2) times the last one told. A batching backend sends a running
+  sequence's tokens a step apart (steps lengthen a little as sequences grow, which this
+  leaves untold: a stream tells a few gaps at most); a sequence it preempts for want of
+  KV cache stops until it is computed again, many steps long, and that stall is told as
+  soon as it ends.
 
 The WSGI middleware times its responses the same way in the server's worker thread and
 hands the figures to the loop (``gateway.wsgi.watch``).
@@ -35,6 +37,10 @@ if TYPE_CHECKING:
     from gateway.gateway import Gateway
 
 log = logging.getLogger("obleth.capacity")
+
+GAP_GROWTH = 2.0
+"""A stream tells a longer gap only when it is more than this many times the last one it
+told: a stall is told, the slow drift of a backend's steps is not."""
 
 Listener = tuple[str, str, Callable[..., object]]
 """A provider's name, where it comes from (for the log) and the method told."""
@@ -108,7 +114,7 @@ class ResponseTimer:
         self._handed = time.monotonic()
         self._timing = False  # a 2xx response whose figures are still wanted
         self._last: float | None = None  # the last non-empty chunk's time
-        self._longest = -1.0  # -1: fewer than two non-empty chunks so far
+        self._longest = -1.0  # the longest gap told; -1: none yet
 
     def __call__(self, message: Message) -> Awaitable[None]:
         kind = message["type"]
@@ -127,7 +133,7 @@ class ResponseTimer:
             feed.first_byte(now - self._handed)
             if not feed.follows_gaps:
                 self._timing = False
-        elif filled and now - last > self._longest:
+        elif filled and now - last > GAP_GROWTH * self._longest:
             self._longest = now - last
             feed.longest_gap(self._longest, now - self._handed)
         if filled:

@@ -50,12 +50,7 @@ if TYPE_CHECKING:
 # flag -> setting; a flag left out keeps the OBLETH_* value or the default
 _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--policy", "routing_policy", str, "weighted, round-robin or least-loaded"),
-    (
-        "--scorers",
-        "routing_scorers",
-        str,
-        "the weighted policy's scorers, name:weight pairs",
-    ),
+    ("--scorers", "routing_scorers", str, "the weighted policy's scorers, name:weight pairs"),
     ("--max-in-flight", "global_max_in_flight", int, "requests in flight at most, all upstreams"),
     (
         "--overflow-policy",
@@ -167,8 +162,8 @@ def build_app(
 
     ``/metrics`` answers ``metrics()``, by default ``export.render`` (``export`` default: a
     private one, which holds the gateway's instruments only); they report to the host's
-    provider too, if it has one.
-    Serve it with ``server_options(settings)`` for the bounds on request heads.
+    provider too, if it has one. Serve it with ``server_options(settings)`` for the bounds
+    on request heads.
     """
     if not settings.upstreams:
         raise settings.error(
@@ -187,8 +182,7 @@ def build_app(
         # a response's head lines may be as long as a request's head
         max_header_bytes=settings.max_header_bytes,
     )
-    # exempt paths the probes and the model list do not answer are forwarded too; a
-    # target the proxy would refuse is refused before it waits for a seat
+    # unanswered exempt paths are forwarded too; what the proxy would refuse, refused first
     gated = GatewayMiddleware(
         proxy, gateway=gateway, route_exempt=True, refuse_target=unforwardable_path
     )

@@ -139,15 +139,30 @@ _DECODER = json.JSONDecoder()
 
 
 def _usage_in(document: bytes) -> int | None:
-    """The tokens the top-level ``usage`` object of a JSON document reports (its
-    ``total_tokens``, else prompt plus completion tokens); None when it reports none. Only
-    that object is parsed: the last ``"usage":`` in the document, where OpenAI-style
-    servers put it, after the answer (a ``"usage"`` inside the answer's text is escaped,
-    and never matches)."""
-    at = document.rfind(b'"usage"')
-    if at < 0:
-        return None
-    text = document[at + len(b'"usage"') :].lstrip()
+    """The tokens the usage object of a JSON document reports (its ``total_tokens``, else
+    prompt plus completion tokens); None when it reports none. Only that object is parsed:
+    the last ``"usage":`` followed by counts, where OpenAI-style servers put it, after the
+    answer; a later ``"usage"`` that holds none (a log-prob's token, a string) is passed
+    over, and one inside the answer's text is escaped and never matches."""
+    end = len(document)
+    for _ in range(_USAGE_TRIES):
+        at = document.rfind(b'"usage"', 0, end)
+        if at < 0:
+            return None
+        found = _usage_at(document, at + len(b'"usage"'))
+        if found is not None:
+            return found
+        end = at  # a key of the same name further in (a log-prob's token), or a string
+    return None
+
+
+#: how many ``"usage"`` a document is searched back through for the one with counts
+_USAGE_TRIES = 8
+
+
+def _usage_at(document: bytes, after: int) -> int | None:
+    """The tokens the usage object right after a ``"usage"`` at ``after`` reports."""
+    text = document[after:].lstrip()
     if not text.startswith(b":"):
         return None
     try:

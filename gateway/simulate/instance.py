@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from gateway.asgi.timing import GAP_GROWTH
 from gateway.routing.readings import Reading
 from gateway.sim.batch import Batch
 from gateway.sim.config import SimConfig
@@ -28,7 +29,7 @@ class Instance:
     """A simulated server at ``url``: continuous batching on the running loop's clock.
 
     ``first_token`` is called with a sequence the moment it produces its first token, and
-    ``longer_gap`` the moment a token of it comes after its longest wait so far (capacity
+    ``longer_gap`` the moment a token of it ends a wait a server would tell (capacity
     providers that follow the backends' latency are fed from them). Use from one event
     loop only.
     """
@@ -45,6 +46,9 @@ class Instance:
         self.batch = Batch(config)
         self._first_token = first_token
         self._longer_gap = longer_gap
+        #: per running sequence, the last wait between two of its tokens told to
+        #: ``longer_gap``, by the rule a server tells them (``gateway.asgi.timing``)
+        self._told: dict[int, float] = {}
         self._done: dict[int, asyncio.Future[Sequence]] = {}
         self._stepping = False
         #: requests this instance took (not those it refused: ``PromptTooLong``)
@@ -98,8 +102,12 @@ class Instance:
                 if sequence.generated == 1:
                     if first_token is not None:
                         first_token(sequence)
-                elif longer_gap is not None and sequence.last_gap_s >= sequence.longest_gap_s:
-                    longer_gap(sequence)
+                elif longer_gap is not None:
+                    told = self._told.get(sequence.seq_id, -1.0)
+                    if sequence.last_gap_s > GAP_GROWTH * told:
+                        self._told[sequence.seq_id] = sequence.last_gap_s
+                        longer_gap(sequence)
         for sequence in result.finished:
+            self._told.pop(sequence.seq_id, None)
             self._done.pop(sequence.seq_id).set_result(sequence)
         self._begin()

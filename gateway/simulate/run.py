@@ -245,8 +245,9 @@ class _Run:
         """A stream's longest wait between two tokens so far, as ``ResponseTimer`` times
         it in a server, for the providers that follow it."""
         assert self.feed is not None
-        lasted = asyncio.get_running_loop().time() - sequence.arrived_at
-        self.feed.longest_gap(sequence.longest_gap_s, lasted)
+        assert sequence.last_token_at is not None
+        lasted = sequence.last_token_at - sequence.arrived_at
+        self.feed.longest_gap(sequence.last_gap_s, lasted)
 
     async def _serve(self, request: SimRequest, outcome: Outcome) -> None:
         """One request through the gateway to its instance, as the ASGI middleware takes

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 from wsgiref.types import StartResponse
 
-from gateway.asgi.timing import LatencyFeed
+from gateway.asgi.timing import GAP_GROWTH, LatencyFeed
 from gateway.rates.usage import UsageReader
 
 
@@ -20,8 +20,8 @@ class ResponseWatch:
     """Watches one admitted WSGI request's response from its hand-over to the app.
 
     - With a ``feed``: the time to the first body chunk that is not empty (or to the end
-      of an empty body), and the longest gap between two such chunks each time it grows,
-      go to it on the loop, for a 2xx response only.
+      of an empty body), and the longest gap between two such chunks as it grows (by the
+      rule of ``gateway.asgi.timing``), go to it on the loop, for a 2xx response only.
     - With ``settle``: at the end of the body (not when it is cut short), the usage the
       response reported goes to it, on the loop, if it reported one.
 
@@ -42,7 +42,7 @@ class ResponseWatch:
         self._reader = UsageReader() if settle is not None else None
         self._handed = time.monotonic()
         self._last: float | None = None  # the last non-empty chunk's time
-        self._longest = -1.0  # -1: fewer than two non-empty chunks so far
+        self._longest = -1.0  # the longest gap told; -1: none yet
         self.status = 0
 
     def noting(self, start_response: StartResponse) -> StartResponse:
@@ -69,7 +69,7 @@ class ResponseWatch:
                 self._to_loop(feed.first_byte, now - self._handed)
                 if not feed.follows_gaps:
                     self._feed = None
-            elif now - last > self._longest:
+            elif now - last > GAP_GROWTH * self._longest:
                 self._longest = now - last
                 self._to_loop(feed.longest_gap, self._longest, now - self._handed)
             self._last = now

@@ -122,3 +122,17 @@ def test_a_cr_lf_cut_between_chunks_does_not_split_an_event() -> None:
     body = b'data: {"usage":\r\ndata: {"total_tokens": 6}}\r\n\r\n'
     at = body.index(b"\r") + 1
     assert answer([body[:at], body[at:]], SSE)[0] == [6]
+
+
+def test_a_later_usage_key_without_counts_is_passed_over() -> None:
+    """vLLM writes ``prompt_logprobs`` after ``usage``: a prompt token that reads
+    ``usage`` is a key there, and the usage before it still counts."""
+    body = json.dumps(
+        {
+            "choices": [],
+            "usage": {"total_tokens": 12},
+            "prompt_logprobs": [None, {"42": {"decoded_token": "x", "usage": -0.1}}],
+            "metadata": {"usage": "n/a"},
+        }
+    ).encode()
+    assert answer([body], JSON)[0] == [12]

@@ -4,6 +4,7 @@ saturation, routing, stale readings, admission) and the engine behind them."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import io
 import json
@@ -463,3 +464,25 @@ def test_a_token_budget_the_size_of_the_kv_cache_ends_the_preemptions() -> None:
     assert unbounded["preemption_count"] > 0
     assert budgeted["preemption_count"] == 0
     assert budgeted["completed"] == unbounded["completed"] == 400
+
+
+def test_a_simulated_stream_tells_its_longest_gap_only_when_it_grows() -> None:
+    """As ``ResponseTimer`` in a server: steps that lengthen a little as the sequence
+    grows tell its first gap only, not one per token."""
+    from gateway.sim.tokens import tokenize
+    from gateway.simulate.instance import Instance
+
+    config = profiles.named(QWEN).config
+    told: list[tuple[int, float, float]] = []
+
+    def longer_gap(sequence: Any) -> None:
+        told.append((sequence.seq_id, sequence.longest_gap_s, sequence.last_token_at))
+
+    async def scenario() -> None:
+        instance = Instance("http://sim-0", config, longer_gap=longer_gap)
+        prompt = tokenize("x" * 400, chars_per_token=4, block_size_tokens=16)
+        await instance.submit(prompt, 40)
+
+    asyncio.run(scenario())
+    assert len(told) == 1  # 39 gaps of one decode step each: told at the second token only
+    assert told[0][1] > 0

@@ -37,6 +37,12 @@ class Run:
             limits.append(self.law.limit())
         return limits
 
+    def stall(self, gap: float, *, lasted: float, after: float = 1.0) -> int:
+        """A stream's gap of ``gap`` ending ``after`` seconds on; the limit after it."""
+        self.now += after
+        self.law.stall(gap, lasted, self.now)
+        return self.law.limit()
+
     def windows(self, seconds: float, count: int) -> list[int]:
         """``count`` whole windows of ``seconds``; the limit after each. A window has
         ``window`` samples, or as many as the limit while that is lower (at least
@@ -345,18 +351,10 @@ def test_a_stream_that_stalls_cuts_the_limit_at_once() -> None:
     preemption's mark: the limit is cut to 0.7 of itself at once, mid-window."""
     run = probed(0.1, initial=40, ceiling=100)
     run.feed(0.1, 2)  # half a window
-    run.now += 1.0
-    run.law.stall(1.01, lasted=2.0, now=run.now)
-    assert run.law.limit() == 28
+    assert run.stall(0.99, lasted=2.0) == 40  # 9.9x: slow steps, not a stall
+    assert run.stall(1.01, lasted=2.0) == 28
     assert "stalled 1010 ms" in run.law.reason
     assert run.windows(0.1, 2) == [33, 36]  # back towards 0.9 of 40 as after any cut
-
-
-def test_gaps_a_batch_s_steps_make_do_not_cut() -> None:
-    run = probed(0.1, initial=40, ceiling=100)
-    run.now += 1.0
-    run.law.stall(0.99, lasted=2.0, now=run.now)  # 9.9x: slow steps, not a stall
-    assert run.law.limit() == 40
 
 
 def test_streams_handed_over_before_the_last_cut_do_not_cut_again() -> None:
@@ -364,35 +362,34 @@ def test_streams_handed_over_before_the_last_cut_do_not_cut_again() -> None:
     them all. A stream handed over after the cut stalling cuts again; so does one after a
     cut for slow first bytes."""
     run = probed(0.1, initial=40, ceiling=100)
-    run.now += 1.0
-    run.law.stall(2.0, lasted=3.0, now=run.now)
-    assert run.law.limit() == 28
+    assert run.stall(2.0, lasted=3.0) == 28
     cut = run.now
-    run.now += 0.5
-    run.law.stall(2.0, lasted=3.0, now=run.now)  # handed over 2.5 s before the cut
-    assert run.law.limit() == 28
-    run.now += 3.0
-    run.law.stall(2.0, lasted=run.now - cut - 0.1, now=run.now)  # after it
-    assert run.law.limit() == 19
+    assert run.stall(2.0, lasted=3.0, after=0.5) == 28  # handed over before the cut
+    assert run.stall(2.0, lasted=run.now + 3.0 - cut - 0.1, after=3.0) == 19  # after it
     assert run.windows(0.8, 1) == [9]  # slow first bytes: halved
-    run.now += 1.0
-    run.law.stall(2.0, lasted=5.0, now=run.now)  # handed over before that cut
-    assert run.law.limit() == 9
+    assert run.stall(2.0, lasted=5.0) == 9  # handed over before that cut
 
 
-def test_stalls_are_ignored_while_probing_and_before_a_baseline() -> None:
+def test_stalls_are_ignored_while_probing_before_a_baseline_or_when_off() -> None:
     run = Run(initial=40)
-    run.law.stall(5.0, lasted=6.0, now=run.now)  # the first probe has no baseline yet
+    run.stall(5.0, lasted=6.0)  # the first probe has no baseline yet
     assert run.law.probing
     run.feed(0.1, 3)
-    assert run.law.limit() == 40
-    run.law.stall(float("nan"), lasted=1.0, now=run.now + 1)
-    run.law.stall(5.0, lasted=-1.0, now=run.now + 1)
-    assert run.law.limit() == 40
+    assert run.stall(float("nan"), lasted=1.0) == run.stall(5.0, lasted=-1.0) == 40
+    off = probed(0.1, initial=40, ceiling=100, stall_within=0.0)
+    assert off.stall(100.0, lasted=101.0) == 40
 
 
-def test_a_stall_never_takes_the_limit_below_the_floor() -> None:
-    run = probed(0.1, initial=3, floor=2, ceiling=100)
-    run.now += 1.0
-    run.law.stall(5.0, lasted=6.0, now=run.now)
-    assert run.law.limit() == 2
+def test_stalls_at_the_floor_leave_the_windows_to_decide_and_probe() -> None:
+    """At the floor a stall has nothing to cut (a floor of 2 stays 2): it must not hold the
+    windows back, or a limit stuck there on a stale no-load time would never probe."""
+    assert probed(0.1, initial=3, floor=2, ceiling=100).stall(5.0, lasted=6.0) == 2
+    run = probed(0.01, initial=1, ceiling=64, probe_samples=3)
+    for _ in range(STUCK_WINDOWS * MIN_WINDOW):
+        run.stall(0.15, lasted=0.5)  # 15x the stale no-load time
+        run.feed(0.2)
+        if run.law.probing:
+            break
+    assert run.law.probing  # the stuck limit probes early, as without stalls
+    run.feed(0.2, 3)
+    assert run.law.baseline == pytest.approx(0.2)

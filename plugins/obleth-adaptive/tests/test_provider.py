@@ -339,3 +339,14 @@ def test_the_installed_distribution_declares_its_entry_point() -> None:
     """pip installed the `obleth` entry point that Obleth finds the plugin by."""
     (found,) = entry_points(group="obleth", name="adaptive")
     assert found.load() is plugin
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("0", 0.0), ("1.5", 1.5), (" ", 10.0)])
+def test_stall_within_is_above_1_or_0_for_off(raw: str, expected: float) -> None:
+    assert plugin.knobs_from({"OBLETH_ADAPTIVE_STALL_WITHIN": raw}).stall_within == expected
+
+
+def test_a_stall_within_that_every_step_would_pass_is_refused() -> None:
+    with pytest.raises(ConfigError) as caught:
+        plugin.knobs_from({"OBLETH_ADAPTIVE_STALL_WITHIN": "0.5"})
+    assert str(caught.value).startswith("OBLETH_ADAPTIVE_STALL_WITHIN='0.5': must be above 1")

@@ -47,7 +47,7 @@ class Knobs:
     shrinks."""
     stall_within: float = 10.0
     """How many times the no-load time to first byte a stream may wait between two tokens
-    before the wait counts as a stall, and the limit is cut."""
+    before the wait counts as a stall, and the limit is cut; 0: stalls are ignored."""
     grow_within: float | None = None
     """How many times the no-load time a window may take at most for the limit to grow;
     between this and ``tolerance`` the limit holds. None: ``tolerance`` (no band where it
@@ -96,15 +96,15 @@ class Law:
       TCP CUBIC does around the window of its last loss;
     - in between, or while the limit is not in use: it holds.
 
-    Each finished stream's *longest gap* between two tokens is checked too (``stall``): a
-    batching backend sends a running sequence's tokens a step apart, and one it preempts
-    for want of KV cache stops until its prefill is computed again. A gap above
-    ``tolerance`` times the baseline is such a stall: the limit is multiplied by
-    ``STALL_CUT`` at once, whatever the window holds; a stall of a stream handed over
-    before the last cut, of either kind, does not cut again (it describes the limit
-    before, and the cut answered it already). The
-    first bytes miss what a stall shows: preemptions begin one or two sequences past what
-    the caches hold, while first bytes slow down only further on.
+    Each stream's *longest gap* between two tokens is checked too, as it grows
+    (``stall``): a batching backend sends a running sequence's tokens a step apart, and
+    one it preempts for want of KV cache stops until its prefill is computed again. A gap
+    above ``stall_within`` times the baseline is such a stall (0: stalls are ignored): the
+    limit is multiplied by ``STALL_CUT`` at once, whatever the window holds, unless it is
+    at the floor already. A stall of a stream handed over before the last cut, of either
+    kind, does not cut again (it describes the limit before, and the cut answered it
+    already). The first bytes miss what a stall shows: preemptions begin one or two
+    sequences past what the caches hold, while first bytes slow down only further on.
 
     A sample counts only if its request was handed to the app after the last change of
     the limit: one handed over before describes a limit that no longer holds, and would
@@ -191,20 +191,26 @@ class Law:
             self._decide(now)
 
     def stall(self, gap: float, lasted: float, now: float) -> None:
-        """One finished stream's longest wait between two tokens, ``gap``, seen at ``now``
-        (same clock) after it lasted ``lasted`` since its hand-over (seconds)."""
+        """A stream's longest wait between two tokens so far, ``gap``, ended at ``now``
+        (same clock), ``lasted`` seconds after the stream's hand-over."""
         if not (0.0 <= gap < math.inf and 0.0 <= lasted < math.inf):
             return
         self.expire(now)
         baseline, current = self.baseline, self._limit
-        if self._probe is not None or baseline is None or current is None:
+        within = self.knobs.stall_within
+        if self._probe is not None or baseline is None or current is None or within <= 0:
             return
-        if now - lasted < self._cut_at or gap <= self.knobs.stall_within * baseline:
+        if now - lasted < self._cut_at or gap <= within * baseline:
             return
         top = self.ceiling()
         floor = min(self.knobs.floor, top)
         current = min(max(current, float(floor)), float(top))
-        self._limit = max(float(floor), min(current - 1, current * STALL_CUT))
+        new = max(float(floor), min(current - 1, current * STALL_CUT))
+        if int(new) == int(current):
+            # at the floor already: nothing to cut, and the windows go on deciding (the
+            # probe a limit stuck at the floor calls for among them)
+            return
+        self._limit = new
         self._last_cut = current
         self._creep = 0
         self._cut_at = self._since = now

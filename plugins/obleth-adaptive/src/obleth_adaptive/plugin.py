@@ -32,11 +32,19 @@ def knobs_from(environ: Mapping[str, str]) -> Knobs:
                 f"must not be above {PREFIX}TOLERANCE ({tolerance:g}): the limit would shrink "
                 "and grow on the same first bytes; lower it, or raise the tolerance",
             )
+    stall_within = env.number("STALL_WITHIN", defaults.stall_within, least=0.0)
+    if 0 < stall_within <= 1:
+        raise env.error(
+            "STALL_WITHIN",
+            env.raw("STALL_WITHIN"),
+            "must be above 1 (a stream waits a step between two tokens at least), or 0 to "
+            "ignore stalls",
+        )
     knobs = Knobs(
         floor=floor,
         initial=initial,
         tolerance=tolerance,
-        stall_within=env.number("STALL_WITHIN", defaults.stall_within, above=1.0),
+        stall_within=stall_within,
         grow_within=grow_within,
         window=env.whole("WINDOW", defaults.window, least=1),
         use=env.number("USE", defaults.use, above=0.0, most=1.0),

@@ -79,8 +79,8 @@ class AdaptiveLimit:
         self._after(was_probing)
 
     def longest_gap(self, seconds: float, lasted: float) -> None:
-        """One finished stream's longest wait between two tokens, and how long it lasted
-        (the gateway's latency feed)."""
+        """A stream's longest wait between two tokens so far, and the time from its
+        hand-over to the token that ended that wait (the gateway's latency feed)."""
         was_probing = self.law.probing
         self.law.stall(seconds, lasted, self._clock())
         self._after(was_probing)
