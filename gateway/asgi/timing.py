@@ -102,41 +102,60 @@ class LatencyFeed:
                     )
 
 
+class ChunkClock:
+    """The timing rule of one 2xx response, for both middlewares: fed each body chunk
+    (``chunk``), it tells ``first_byte`` and ``longest_gap`` (see the module's docstring)
+    through the callables it is given: the feed's own methods on the loop, or ones that
+    hand the figures to the loop from a WSGI worker thread. Started at the hand-over."""
+
+    __slots__ = ("_first_byte", "_handed", "_last", "_longest", "_longest_gap")
+
+    def __init__(
+        self,
+        first_byte: Callable[[float], object],
+        longest_gap: Callable[[float, float], object] | None,
+    ) -> None:
+        self._first_byte = first_byte
+        self._longest_gap = longest_gap  # None: only the first byte is wanted
+        self._handed = time.monotonic()
+        self._last: float | None = None  # the last non-empty chunk's time
+        self._longest = -1.0  # the longest gap told; -1: none yet
+
+    def chunk(self, filled: bool, more: bool) -> bool:
+        """A chunk of the body, with bytes in it or not, the last one or not; answers
+        whether later chunks are still wanted."""
+        if not filled and more:
+            return True
+        now = time.monotonic()
+        last, longest_gap = self._last, self._longest_gap
+        if last is None:
+            self._first_byte(now - self._handed)
+            if longest_gap is None:
+                return False
+        elif filled and longest_gap is not None and now - last > GAP_GROWTH * self._longest:
+            self._longest = now - last
+            longest_gap(self._longest, now - self._handed)
+        if filled:
+            self._last = now
+        return more
+
+
 class ResponseTimer:
     """Wraps an admitted request's ``send``: passes every message on unchanged, and times
-    a 2xx response for ``feed`` (see the module's docstring). Built at the hand-over."""
+    a 2xx response for ``feed`` (``ChunkClock``). Built at the hand-over."""
 
-    __slots__ = ("_feed", "_handed", "_last", "_longest", "_send", "_timing")
+    __slots__ = ("_clock", "_send", "_timing")
 
     def __init__(self, send: Send, feed: LatencyFeed) -> None:
         self._send = send
-        self._feed = feed
-        self._handed = time.monotonic()
+        self._clock = ChunkClock(feed.first_byte, feed.longest_gap if feed.follows_gaps else None)
         self._timing = False  # a 2xx response whose figures are still wanted
-        self._last: float | None = None  # the last non-empty chunk's time
-        self._longest = -1.0  # the longest gap told; -1: none yet
 
     def __call__(self, message: Message) -> Awaitable[None]:
         kind = message["type"]
         if kind == "http.response.body" and self._timing:
-            body, more = message.get("body"), message.get("more_body", False)
-            if body or not more:
-                self._chunk(bool(body), more)
+            more = message.get("more_body", False)
+            self._timing = self._clock.chunk(bool(message.get("body")), more)
         elif kind == "http.response.start":
             self._timing = 200 <= message["status"] < 300
         return self._send(message)
-
-    def _chunk(self, filled: bool, more: bool) -> None:
-        now = time.monotonic()
-        feed, last = self._feed, self._last
-        if last is None:
-            feed.first_byte(now - self._handed)
-            if not feed.follows_gaps:
-                self._timing = False
-        elif filled and now - last > GAP_GROWTH * self._longest:
-            self._longest = now - last
-            feed.longest_gap(self._longest, now - self._handed)
-        if filled:
-            self._last = now
-        if not more:
-            self._timing = False

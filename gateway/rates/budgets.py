@@ -66,10 +66,7 @@ class InProcessRates:
         over = self._rates.reserve(tenant, tokens, time.monotonic())
         if over is not None:
             return over_rate(over)
-        return functools.partial(self._refund, tenant, tokens)
-
-    def _refund(self, tenant: str, tokens: int, used: int | None = None) -> None:
-        settle(self._rates, tenant, tokens, used)
+        return functools.partial(settle, self._rates, tenant, tokens)
 
 
 def settle(rates: LocalRates, tenant: str, tokens: int, used: int | None = None) -> None:

@@ -155,6 +155,18 @@ class LoopThread:
                         future.set_exception(_dead(cause))
 
 
+def call_soon_unless_closed(
+    loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: object
+) -> None:
+    """``callback(*args)`` on ``loop``, from any thread; nothing once the loop has closed
+    (``close()``, or the process exiting, under a response still streaming)."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
+
+
 def _end_tasks(loop: asyncio.AbstractEventLoop) -> BaseException | None:
     """Ends the requests still on ``loop``, so that their worker threads are answered: a
     few rounds, as ending one may start another, or a hand-over queued meanwhile. What

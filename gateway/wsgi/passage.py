@@ -25,6 +25,7 @@ from wsgiref.util import is_hop_by_hop
 from gateway.asgi.flight import Flight
 from gateway.asgi.plan import FlightPlan
 from gateway.types import Message, Scope
+from gateway.wsgi.loopthread import call_soon_unless_closed
 from gateway.wsgi.watch import ResponseWatch
 
 log = logging.getLogger("obleth")
@@ -173,11 +174,7 @@ class Passage:
 
         Does nothing once the loop has shut down (``close()``, or the process exiting)
         under the response: its flight was cancelled then, and its seats given back."""
-        try:
-            self._loop.call_soon_threadsafe(_settle, self._done, how, error)
-        except RuntimeError:
-            if not self._loop.is_closed():
-                raise
+        call_soon_unless_closed(self._loop, _settle, self._done, how, error)
 
 
 def _settle(done: asyncio.Future[None] | None, how: str, error: BaseException | None) -> None:

@@ -12,14 +12,22 @@ from tests.redis_procs import RedisServer
 
 
 @pytest.fixture
-async def pods(redis_url: str, pool_name: str) -> AsyncIterator[Pods]:
-    group = Pods(redis_url, pool_name)
+def pods_class() -> type[Pods]:
+    """The pods the fixtures below make; a test module overrides it for pods of its own."""
+    return Pods
+
+
+@pytest.fixture
+async def pods(redis_url: str, pool_name: str, pods_class: type[Pods]) -> AsyncIterator[Pods]:
+    group = pods_class(redis_url, pool_name)
     yield group
     await group.close()
 
 
 @pytest.fixture
-async def own_pods(own_redis: RedisServer, pool_name: str) -> AsyncIterator[Pods]:
-    group = Pods(own_redis.url, pool_name)
+async def own_pods(
+    own_redis: RedisServer, pool_name: str, pods_class: type[Pods]
+) -> AsyncIterator[Pods]:
+    group = pods_class(own_redis.url, pool_name)
     yield group
     await group.close()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -41,17 +40,8 @@ class DialPods(Pods):
 
 
 @pytest.fixture
-async def pods(redis_url: str, pool_name: str) -> AsyncIterator[DialPods]:
-    group = DialPods(redis_url, pool_name)
-    yield group
-    await group.close()
-
-
-@pytest.fixture
-async def own_pods(own_redis: RedisServer, pool_name: str) -> AsyncIterator[DialPods]:
-    group = DialPods(own_redis.url, pool_name)
-    yield group
-    await group.close()
+def pods_class() -> type[Pods]:
+    return DialPods  # the conftest's pods and own_pods, made of these
 
 
 def leaders(gateways: list[Gateway]) -> list[Gateway]:
