@@ -4,90 +4,59 @@ the no-load time. Time is passed in, so every test is deterministic."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
+from adaptive_runs import Run, cut_at, probed
 
-from obleth_adaptive.law import MIN_WINDOW, STUCK_WINDOWS, Knobs, Law
-
-
-class Run:
-    """A law and a clock; requests are sent one after the other, each handed to the app
-    when the previous one got its first byte."""
-
-    def __init__(
-        self,
-        ceiling: int = 64,
-        in_use: Callable[[int], bool] = lambda limit: True,
-        **knobs: object,
-    ) -> None:
-        self.ceiling = ceiling
-        knobs.setdefault("window", 4)
-        knobs.setdefault("probe_samples", 3)
-        knobs.setdefault("probe_every", 0)
-        self.law = Law(Knobs(**knobs), ceiling=lambda: self.ceiling, in_use=in_use)  # type: ignore[arg-type]
-        self.now = 1000.0
-
-    def feed(self, seconds: float, count: int = 1) -> list[int]:
-        """``count`` samples of ``seconds``; the limit after each."""
-        limits = []
-        for _ in range(count):
-            self.now += seconds
-            self.law.sample(seconds, self.now)
-            limits.append(self.law.limit())
-        return limits
-
-    def stall(self, gap: float, *, lasted: float, after: float = 1.0) -> int:
-        """A stream's gap of ``gap`` ending ``after`` seconds on; the limit after it."""
-        self.now += after
-        self.law.stall(gap, lasted, self.now)
-        return self.law.limit()
-
-    def windows(self, seconds: float, count: int) -> list[int]:
-        """``count`` whole windows of ``seconds``; the limit after each. A window has
-        ``window`` samples, or as many as the limit while that is lower (at least
-        ``MIN_WINDOW``): test_a_low_limit_decides_on_a_short_window checks that rule."""
-        limits = []
-        for _ in range(count):
-            size = min(self.law.knobs.window, max(MIN_WINDOW, self.law.limit()))
-            limits.append(self.feed(seconds, size)[-1])
-        return limits
-
-
-def probed(baseline: float = 0.1, **knobs: object) -> Run:
-    """A run past its first probe, which measured ``baseline``."""
-    run = Run(**knobs)  # type: ignore[arg-type]
-    run.feed(baseline, run.law.knobs.probe_samples)
-    assert not run.law.probing
-    assert run.law.baseline == pytest.approx(baseline)
-    return run
-
-
-def cut_at(run: Run, limit: int) -> None:
-    """Take ``run`` (with ``initial=limit``) through one window at 8x the no-load time:
-    halved from ``limit``, which becomes the limit at the last cut."""
-    assert run.law.limit() == limit
-    assert run.windows(0.8, 1) == [limit // 2]
-
+from obleth_adaptive.law import STUCK_WINDOWS
 
 # -- the first probe ------------------------------------------------------------------------
 
 
-def test_the_first_probe_measures_the_no_load_time_then_opens_to_the_ceiling() -> None:
+def test_the_first_probe_measures_the_no_load_time_then_starts_slowly() -> None:
     """The law starts at the probe limit; the median of the probe's samples becomes the
-    no-load time, and the limit then opens to the operator's limit."""
+    no-load time, and the slow start begins at the probe limit (not at the operator's
+    limit, which would pour the queue of a start under load into the backends)."""
     run = Run(probe_limit=3, probe_samples=3)
     assert run.law.probing
     assert run.law.limit() == 3
     assert run.feed(0.1) == [3]
     assert run.feed(0.3) == [3]
-    assert run.feed(0.12) == [64]
+    assert run.feed(0.12) == [3]
     assert run.law.baseline == pytest.approx(0.12)
     assert not run.law.probing
 
 
+def test_the_slow_start_adds_a_seat_per_first_byte_within_the_tolerance() -> None:
+    """Each first byte within 4x the no-load time adds one seat at once, windows or not
+    (a window adds nothing of its own); a slower one adds none and ends nothing."""
+    run = probed(0.1, probe_limit=3)
+    assert run.feed(0.1, 5) == [4, 5, 6, 7, 8]
+    assert run.feed(0.45, 2) == [8, 8]
+    assert run.feed(0.1) == [9]
+    assert run.law.reason == "slow start: a first byte in 1.00x the no-load time"
+
+
+def test_the_first_cut_ends_the_slow_start() -> None:
+    """A window of slow first bytes cuts as at any time; from then on the limit grows by
+    windows, not by first bytes."""
+    run = probed(0.1, probe_limit=3)
+    assert run.feed(0.1, 5) == [4, 5, 6, 7, 8]
+    assert run.windows(0.8, 1) == [4]
+    assert run.feed(0.1, 3) == [4, 4, 6]  # one window of 4: 4 + 2
+
+
+def test_the_slow_start_ends_at_the_ceiling() -> None:
+    """At the operator's limit the slow start is over: a ceiling raised later is grown
+    to by windows."""
+    run = probed(0.1, probe_limit=3, ceiling=6)
+    assert run.feed(0.1, 4) == [4, 5, 6, 6]
+    run.ceiling = 20
+    assert run.feed(0.1, 2) == [6, 6]
+    assert run.windows(0.1, 1) == [8]
+
+
 def test_after_the_first_probe_an_initial_limit_applies_when_set() -> None:
-    """``initial`` replaces the ceiling as the limit the first probe opens to."""
+    """``initial`` is the limit the first probe opens to, instead of a slow start."""
     run = probed(initial=16)
     assert run.law.limit() == 16
 
@@ -341,55 +310,3 @@ def test_garbage_samples_are_ignored() -> None:
         run.law.sample(bad, run.now)
     assert run.law.probing
     assert run.law.baseline is None
-
-
-# -- stalls -----------------------------------------------------------------------------------
-
-
-def test_a_stream_that_stalls_cuts_the_limit_at_once() -> None:
-    """A gap between two tokens over stall_within (10) times the no-load time is a
-    preemption's mark: the limit is cut to 0.7 of itself at once, mid-window."""
-    run = probed(0.1, initial=40, ceiling=100)
-    run.feed(0.1, 2)  # half a window
-    assert run.stall(0.99, lasted=2.0) == 40  # 9.9x: slow steps, not a stall
-    assert run.stall(1.01, lasted=2.0) == 28
-    assert "stalled 1010 ms" in run.law.reason
-    assert run.windows(0.1, 2) == [33, 36]  # back towards 0.9 of 40 as after any cut
-
-
-def test_streams_handed_over_before_the_last_cut_do_not_cut_again() -> None:
-    """Every stream running when the backends preempted may stall: the first cut answers
-    them all. A stream handed over after the cut stalling cuts again; so does one after a
-    cut for slow first bytes."""
-    run = probed(0.1, initial=40, ceiling=100)
-    assert run.stall(2.0, lasted=3.0) == 28
-    cut = run.now
-    assert run.stall(2.0, lasted=3.0, after=0.5) == 28  # handed over before the cut
-    assert run.stall(2.0, lasted=run.now + 3.0 - cut - 0.1, after=3.0) == 19  # after it
-    assert run.windows(0.8, 1) == [9]  # slow first bytes: halved
-    assert run.stall(2.0, lasted=5.0) == 9  # handed over before that cut
-
-
-def test_stalls_are_ignored_while_probing_before_a_baseline_or_when_off() -> None:
-    run = Run(initial=40)
-    run.stall(5.0, lasted=6.0)  # the first probe has no baseline yet
-    assert run.law.probing
-    run.feed(0.1, 3)
-    assert run.stall(float("nan"), lasted=1.0) == run.stall(5.0, lasted=-1.0) == 40
-    off = probed(0.1, initial=40, ceiling=100, stall_within=0.0)
-    assert off.stall(100.0, lasted=101.0) == 40
-
-
-def test_stalls_at_the_floor_leave_the_windows_to_decide_and_probe() -> None:
-    """At the floor a stall has nothing to cut (a floor of 2 stays 2): it must not hold the
-    windows back, or a limit stuck there on a stale no-load time would never probe."""
-    assert probed(0.1, initial=3, floor=2, ceiling=100).stall(5.0, lasted=6.0) == 2
-    run = probed(0.01, initial=1, ceiling=64, probe_samples=3)
-    for _ in range(STUCK_WINDOWS * MIN_WINDOW):
-        run.stall(0.15, lasted=0.5)  # 15x the stale no-load time
-        run.feed(0.2)
-        if run.law.probing:
-            break
-    assert run.law.probing  # the stuck limit probes early, as without stalls
-    run.feed(0.2, 3)
-    assert run.law.baseline == pytest.approx(0.2)

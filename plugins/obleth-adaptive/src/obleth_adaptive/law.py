@@ -4,6 +4,7 @@ passed in, so the law can be driven through any sequence of samples and tested a
 
 from __future__ import annotations
 
+import collections
 import math
 import statistics
 from collections.abc import Callable
@@ -28,6 +29,9 @@ STALL_CUT = 0.7
 is a preemption's mark, and a preemption wastes work done already, so the cut is large
 and at once, as a loss cuts TCP's window."""
 
+HISTORY = 1024
+"""Changes of the limit remembered, to tell which limit a stall began under."""
+
 STUCK_WINDOWS = 5
 """Consecutive windows at the floor with first bytes still too slow after which the law
 probes early: the no-load time it compares with has likely risen (a slower model, longer
@@ -41,7 +45,7 @@ class Knobs:
     floor: int = 1
     """The lowest limit the law sets."""
     initial: int | None = None
-    """The limit after the first probe; None for the operator's limit (the ceiling)."""
+    """The limit after the first probe; None for a slow start from ``probe_limit``."""
     tolerance: float = 4.0
     """How many times the no-load time to first byte a window may take before the limit
     shrinks."""
@@ -96,6 +100,15 @@ class Law:
       TCP CUBIC does around the window of its last loss;
     - in between, or while the limit is not in use: it holds.
 
+    Until its first cut, the law is in *slow start*: the first probe leaves the limit at
+    ``probe_limit``, and each first byte within ``grow_within`` times the baseline adds
+    one seat (up to the ceiling), whatever the window holds. A seat is added per fast
+    answer, so the limit doubles about every no-load time while the backends start what
+    they are given at once, and stops growing as soon as they queue it: it comes to the
+    edge in a second or so, at any request length, without the whole queue of a start
+    under load going to the backends at once (opening at the ceiling did that, and the
+    backends preempted until those requests ended). ``initial`` skips the slow start.
+
     Each stream's *longest gap* between two tokens is checked too, as it grows
     (``stall``): a batching backend sends a running sequence's tokens a step apart, and
     one it preempts for want of KV cache stops until its prefill is computed again. A gap
@@ -105,6 +118,11 @@ class Law:
     kind, does not cut again (it describes the limit before, and the cut answered it
     already). The first bytes miss what a stall shows: preemptions begin one or two
     sequences past what the caches hold, while first bytes slow down only further on.
+    A stall also *marks* the limit it began under (when the stream's last token before
+    the gap came): until the next probe, the limit grows to one under the lowest mark and
+    holds there. Without the mark, growth came back to where the last cut was and crept
+    past it into preemptions again, every few seconds; with it, the edge is passed once
+    per probe, and a probe forgets the marks, since what fits may have changed.
 
     A sample counts only if its request was handed to the app after the last change of
     the limit: one handed over before describes a limit that no longer holds, and would
@@ -152,6 +170,11 @@ class Law:
         self._last_cut = math.inf  # the limit at the last cut
         self._cut_at = -math.inf  # when the limit was last cut
         self._creep = 0  # increases past NEAR_CUT of the last cut since that cut
+        self._slow = False  # in the slow start: one seat more per fast first byte
+        self._mark = math.inf  # the lowest limit a stall began under since the last probe
+        self._changes: collections.deque[tuple[float, int]] = collections.deque(
+            maxlen=HISTORY
+        )  # (when, limit) at each change noted
 
     # -- reading the law --------------------------------------------------------------------
 
@@ -173,6 +196,10 @@ class Law:
 
     def sample(self, seconds: float, now: float) -> None:
         """One request's time to first byte, ``seconds``, seen at ``now`` (same clock)."""
+        self._sample(seconds, now)
+        self._remember(now)
+
+    def _sample(self, seconds: float, now: float) -> None:
         if not 0.0 <= seconds < math.inf:
             return
         self.expire(now)
@@ -186,6 +213,8 @@ class Law:
             return
         self._window.append(seconds)
         limit = self.limit()
+        if self._slow:
+            self._slow_step(seconds)
         self._countdown -= 1 / max(1, limit)
         if len(self._window) >= min(self.knobs.window, max(MIN_WINDOW, limit)):
             self._decide(now)
@@ -196,6 +225,7 @@ class Law:
         if not (0.0 <= gap < math.inf and 0.0 <= lasted < math.inf):
             return
         self.expire(now)
+        self._remember(now)  # the limit now, should the ceiling have moved it since
         baseline, current = self.baseline, self._limit
         within = self.knobs.stall_within
         if self._probe is not None or baseline is None or current is None or within <= 0:
@@ -210,10 +240,13 @@ class Law:
             # at the floor already: nothing to cut, and the windows go on deciding (the
             # probe a limit stuck at the floor calls for among them)
             return
+        self._mark = min(self._mark, float(self._limit_at(now - gap)))
         self._limit = new
         self._last_cut = current
         self._creep = 0
+        self._slow = False
         self._cut_at = self._since = now
+        self._remember(now)
         self._window.clear()
         ratio = gap / baseline if baseline > 0 else math.inf
         self.reason = (
@@ -226,6 +259,23 @@ class Law:
         probe = self._probe
         if probe is not None and probe.deadline is not None and now >= probe.deadline:
             self._end_probe(now)
+            self._remember(now)
+
+    # -- the limit's history ----------------------------------------------------------------
+
+    def _remember(self, now: float) -> None:
+        """Note the limit as it is at ``now``, if it changed since it was last noted."""
+        value = self.limit()
+        if not self._changes or self._changes[-1][1] != value:
+            self._changes.append((now, value))
+
+    def _limit_at(self, when: float) -> int:
+        """The limit as it was at ``when``; the limit now if that is older than the
+        changes remembered."""
+        for at, value in reversed(self._changes):
+            if at <= when:
+                return value
+        return self.limit()
 
     # -- deciding ---------------------------------------------------------------------------
 
@@ -239,13 +289,14 @@ class Law:
         floor = min(knobs.floor, top)  # the operator's limit wins over the floor
         current = min(max(self._limit, float(floor)), float(top))
         ratio = short / self.baseline if self.baseline > 0 else math.inf if short > 0 else 1.0
-        grow_within = knobs.tolerance if knobs.grow_within is None else knobs.grow_within
+        grow_within = self._grow_within()
         if ratio > knobs.tolerance:
             gradient = max(MAX_CUT, knobs.tolerance / ratio)
             new = max(float(floor), min(current - 1, current * gradient))
             self._last_cut = current
             self._creep = 0
             self._cut_at = now
+            self._slow = False
             self.reason = f"decrease: first bytes take {ratio:.2f}x the no-load time"
         elif ratio > grow_within:
             new = current
@@ -253,11 +304,16 @@ class Law:
         elif current >= top:
             new = current
             self.reason = "hold: at the operator's limit"
+        elif self._slow:
+            new = current  # the slow start grows on each first byte, not by windows
         elif not self.in_use(int(current)):
             new = current
             self.reason = "hold: the limit is not in use"
+        elif current >= self._mark - 1:
+            new = current
+            self.reason = f"hold: a stream stalled at a limit of {self._mark:.0f}"
         else:
-            new = min(float(top), current + self._step(current))
+            new = min(float(top), self._mark - 1, current + self._step(current))
             self.reason = f"increase: first bytes take {ratio:.2f}x the no-load time"
         self._limit = new
         if int(new) != int(current):
@@ -265,6 +321,23 @@ class Law:
         self._stuck = self._stuck + 1 if new <= floor and ratio > knobs.tolerance else 0
         if self._countdown <= 1e-9 or self._stuck >= STUCK_WINDOWS:  # float sums of 1/limit
             self._start_probe(now)
+
+    def _slow_step(self, seconds: float) -> None:
+        """The slow start's growth: one seat more for a first byte within the tolerance
+        (``grow_within``, if set), up to the ceiling, where the slow start ends."""
+        assert self._limit is not None
+        assert self.baseline is not None
+        if seconds > self._grow_within() * self.baseline:
+            return
+        top = self.ceiling()
+        self._limit = min(float(top), self._limit + 1)
+        self._slow = self._limit < top
+        ratio = seconds / self.baseline if self.baseline > 0 else 1.0
+        self.reason = f"slow start: a first byte in {ratio:.2f}x the no-load time"
+
+    def _grow_within(self) -> float:
+        knobs = self.knobs
+        return knobs.tolerance if knobs.grow_within is None else knobs.grow_within
 
     def _step(self, current: float) -> float:
         """How much the limit grows in a window that allows it (see the class docstring)."""
@@ -302,10 +375,12 @@ class Law:
         elif knobs.initial is not None:
             self._limit = float(knobs.initial)
         else:
-            self._limit = float(self.ceiling())
+            self._limit = float(min(knobs.probe_limit, self.ceiling()))
+            self._slow = True
         self._probe = None
         self._since = now
         self._window.clear()
         self._stuck = 0
+        self._mark = math.inf
         every = knobs.probe_every
         self._countdown = every if every > 0 else math.inf
