@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from obleth_adaptive.law import MIN_WINDOW, Knobs, Law
+from obleth_adaptive.knobs import Knobs
+from obleth_adaptive.law import MIN_WINDOW, Law
 
 
 class Run:

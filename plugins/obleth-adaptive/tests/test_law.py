@@ -36,23 +36,33 @@ def test_the_slow_start_adds_a_seat_per_first_byte_within_the_tolerance() -> Non
     assert run.law.reason == "slow start: a first byte in 1.00x the no-load time"
 
 
+def test_the_slow_start_begins_at_the_floor_when_that_is_above_the_probe_limit() -> None:
+    run = probed(0.1, floor=10, probe_limit=3)
+    assert run.law.limit() == 10
+    assert run.feed(0.1, 2) == [11, 12]
+
+
 def test_the_first_cut_ends_the_slow_start() -> None:
     """A window of slow first bytes cuts as at any time; from then on the limit grows by
     windows, not by first bytes."""
     run = probed(0.1, probe_limit=3)
-    assert run.feed(0.1, 5) == [4, 5, 6, 7, 8]
-    assert run.windows(0.8, 1) == [4]
-    assert run.feed(0.1, 3) == [4, 4, 6]  # one window of 4: 4 + 2
+    assert run.feed(0.1, 4) == [4, 5, 6, 7]  # a whole window (of 4)
+    assert run.windows(0.8, 1) == [3]  # halved
+    assert run.feed(0.1, 4) == [3, 3, 5, 5]  # a window of 3: + 1.9, the square root of 3.5
 
 
-def test_the_slow_start_ends_at_the_ceiling() -> None:
-    """At the operator's limit the slow start is over: a ceiling raised later is grown
-    to by windows."""
-    run = probed(0.1, probe_limit=3, ceiling=6)
-    assert run.feed(0.1, 4) == [4, 5, 6, 6]
+def test_the_slow_start_ends_when_it_grows_to_the_ceiling() -> None:
+    """Grown to the operator's limit, the slow start is over: a ceiling raised later is
+    grown to by windows. A ceiling lowered under the limit for a while does not end it."""
+    run = probed(0.1, probe_limit=3, ceiling=20)
+    assert run.feed(0.1, 2) == [4, 5]
+    run.ceiling = 4
+    assert run.feed(0.1, 2) == [4, 4]
     run.ceiling = 20
-    assert run.feed(0.1, 2) == [6, 6]
-    assert run.windows(0.1, 1) == [8]
+    assert run.feed(0.1, 16) == list(range(5, 21))
+    run.ceiling = 40
+    assert run.feed(0.1, 4) == [20, 20, 20, 24]  # a window's growth (+ 4.5), not + 1 each
+    assert run.law.reason.startswith("increase")
 
 
 def test_after_the_first_probe_an_initial_limit_applies_when_set() -> None:

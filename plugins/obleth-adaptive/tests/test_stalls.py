@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from adaptive_runs import Run, probed
 
-from obleth_adaptive.law import MIN_WINDOW, STUCK_WINDOWS
+from obleth_adaptive.law import MARK_LIMITS, MIN_WINDOW, STUCK_WINDOWS
 
 
 def test_a_stream_that_stalls_cuts_the_limit_at_once() -> None:
@@ -80,3 +80,55 @@ def test_a_stall_marks_the_limit_it_began_under_until_the_next_probe() -> None:
     run.feed(0.1, run.law.knobs.probe_samples)
     assert not run.law.probing
     assert run.windows(0.1, 2) == [36, 37]  # to 0.9 of the 40 last cut, then creeping
+
+
+def test_a_stall_cuts_to_one_under_a_mark_below_the_usual_cut() -> None:
+    """A stream stopped while the slow start was at 6, and resumed at 40: the backends
+    preempted with 6 or fewer in flight, so the limit is cut to 5, not to 0.7 of 40."""
+    run = probed(0.1, probe_limit=3, ceiling=100)
+    assert run.feed(0.1, 3) == [4, 5, 6]
+    began = run.now + 0.01
+    assert run.feed(0.1, 34)[-1] == 40
+    run.now += 1.0
+    assert run.stall(run.now - began, lasted=run.now - began + 0.1, after=0.0) == 5
+    assert run.windows(0.1, 2) == [5, 5]
+    assert run.law.reason == "hold: a stream stalled at a limit of 6"
+
+
+def test_a_gap_begun_while_probing_marks_the_limit_the_probe_went_back_to() -> None:
+    """A stream handed over before a periodic probe, stopped during it (the backends
+    still held the load from before) and resumed after it, marks the limit the probe
+    went back to, not the probe's own limit of 3."""
+    run = probed(0.1, initial=20, ceiling=100, probe_every=1)
+    for _ in range(40):
+        if run.law.probing:
+            break
+        run.windows(0.1, 1)
+    assert run.law.probing
+    resumed = run.law._probe.resume  # type: ignore[union-attr]  # the test needs the value
+    assert resumed is not None
+    run.feed(0.1)
+    began = run.now + 0.01
+    run.feed(0.1, run.law.knobs.probe_samples - 1)
+    assert not run.law.probing
+    assert run.law.limit() == int(resumed)
+    run.now += 1.5
+    cut = run.stall(run.now - began, lasted=run.now - began + 0.5, after=0.0)
+    assert cut == int(resumed * 0.7)
+    assert run.windows(0.1, 12)[-1] == int(resumed) - 1
+    assert run.law.reason == f"hold: a stream stalled at a limit of {int(resumed)}"
+
+
+def test_a_mark_is_forgotten_after_thirty_limits_worth_of_samples_without_probes() -> None:
+    """With periodic probes off, a mark still goes: after MARK_LIMITS limits' worth of
+    samples the limit grows past it (what the caches hold changes, and a pause that was
+    no preemption must not cap the limit for good)."""
+    run = probed(0.1, initial=40, ceiling=100, probe_every=0)
+    began = run.now
+    run.now += 2.0
+    assert run.stall(2.0, lasted=run.now - began + 0.5, after=0.0) == 28
+    grown = [run.windows(0.1, 1)[0] for _ in range(MARK_LIMITS * 39 // 4 - 10)]
+    assert max(grown) == 39
+    assert run.law.reason == "hold: a stream stalled at a limit of 40"
+    grown = [run.windows(0.1, 1)[0] for _ in range(20)]
+    assert max(grown) > 40

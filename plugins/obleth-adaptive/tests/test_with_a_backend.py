@@ -74,7 +74,7 @@ def test_first_tokens_delayed_at_the_backend_cut_the_gateways_limit(
     reasons = [reason for _, reason in changes]
     first_cut = next(i for i, reason in enumerate(reasons) if reason.startswith("decrease"))
     assert first_cut >= 1, changes
-    # the first probe ended at 3, and the slow start added one seat per fast first byte
+    # the first probe ended at 3, and the slow start added a seat per fast first byte
     assert limits[:first_cut] == list(range(4, 4 + first_cut)), changes
     assert all(reason.startswith("slow start") for reason in reasons[:first_cut]), changes
     assert limits[first_cut] < limits[first_cut - 1], changes

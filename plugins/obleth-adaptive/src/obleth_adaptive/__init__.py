@@ -3,7 +3,8 @@ the backends' time to first byte near its no-load value."""
 
 from __future__ import annotations
 
-from obleth_adaptive.law import Knobs, Law
+from obleth_adaptive.knobs import Knobs
+from obleth_adaptive.law import Law
 from obleth_adaptive.provider import AdaptiveLimit
 
 __all__ = ["AdaptiveLimit", "Knobs", "Law"]

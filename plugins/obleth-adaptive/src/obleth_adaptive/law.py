@@ -4,11 +4,13 @@ passed in, so the law can be driven through any sequence of samples and tested a
 
 from __future__ import annotations
 
-import collections
 import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from obleth_adaptive.history import LimitHistory
+from obleth_adaptive.knobs import Knobs
 
 MAX_CUT = 0.5
 """A window's decrease keeps at least this share of the limit: one window of very slow
@@ -29,6 +31,12 @@ STALL_CUT = 0.7
 is a preemption's mark, and a preemption wastes work done already, so the cut is large
 and at once, as a loss cuts TCP's window."""
 
+MARK_LIMITS = 30
+"""A mark is forgotten after this many limits' worth of samples (counted as for the
+periodic probe), or at the end of a probe if one comes first: what the caches hold
+changes with the requests, and a pause that was no preemption must not cap the limit
+for good."""
+
 HISTORY = 1024
 """Changes of the limit remembered, to tell which limit a stall began under."""
 
@@ -36,40 +44,6 @@ STUCK_WINDOWS = 5
 """Consecutive windows at the floor with first bytes still too slow after which the law
 probes early: the no-load time it compares with has likely risen (a slower model, longer
 prompts), and only a probe measures it again."""
-
-
-@dataclass(frozen=True, slots=True)
-class Knobs:
-    """The law's parameters (``OBLETH_ADAPTIVE_*``; the README explains each)."""
-
-    floor: int = 1
-    """The lowest limit the law sets."""
-    initial: int | None = None
-    """The limit after the first probe; None for a slow start from ``probe_limit``."""
-    tolerance: float = 4.0
-    """How many times the no-load time to first byte a window may take before the limit
-    shrinks."""
-    stall_within: float = 10.0
-    """How many times the no-load time to first byte a stream may wait between two tokens
-    before the wait counts as a stall, and the limit is cut; 0: stalls are ignored."""
-    grow_within: float | None = None
-    """How many times the no-load time a window may take at most for the limit to grow;
-    between this and ``tolerance`` the limit holds. None: ``tolerance`` (no band where it
-    holds)."""
-    window: int = 10
-    """Samples per decision (fewer while the limit is lower, see ``MIN_WINDOW``); the
-    window's median is its time to first byte."""
-    use: float = 0.8
-    """The share of the limit the backends must be serving for it to count as in use."""
-    probe_every: int = 30
-    """A probe comes after this many times the limit in samples (the limit as it is when
-    each sample comes); 0: no periodic probe."""
-    probe_limit: int = 3
-    """The limit while probing (never more than the limit before the probe)."""
-    probe_samples: int = 5
-    """Samples a probe measures; their median becomes the no-load time to first byte."""
-    probe_timeout_s: float = 10.0
-    """A probe that has not measured its samples in this time ends with those it has."""
 
 
 @dataclass(slots=True)
@@ -101,13 +75,24 @@ class Law:
     - in between, or while the limit is not in use: it holds.
 
     Until its first cut, the law is in *slow start*: the first probe leaves the limit at
-    ``probe_limit``, and each first byte within ``grow_within`` times the baseline adds
-    one seat (up to the ceiling), whatever the window holds. A seat is added per fast
-    answer, so the limit doubles about every no-load time while the backends start what
-    they are given at once, and stops growing as soon as they queue it: it comes to the
-    edge in a second or so, at any request length, without the whole queue of a start
-    under load going to the backends at once (opening at the ceiling did that, and the
-    backends preempted until those requests ended). ``initial`` skips the slow start.
+    ``probe_limit`` (or the floor, if higher), and each first byte within
+    ``grow_within`` times the baseline adds one seat (up to the ceiling), whatever the
+    window holds. The answered request keeps its seat, so the new one lets one more
+    request in, whose first byte adds another: every request that has been answered fast
+    keeps one more coming per no-load time, and each request that ends starts such a
+    chain again. Growth thus speeds up as requests turn over, and stops as soon as the
+    backends queue what they get (a queued request gets no first byte); the first slow
+    window or stall cuts, which ends the slow start. It begins once a request handed over
+    after the probe is answered (one of the probe's requests must end first). Two seats
+    per first byte would double the requests in flight every no-load time, and overshoot
+    by as much: in ``obleth simulate`` that cut the capacity benchmark's goodput from
+    0.98 of the best static limit's to 0.93, and held four instances of long answers at
+    9 responses per second instead of 54. Opening at the
+    ceiling sent the whole queue of a start under load to the backends at once, and they
+    preempted until those requests ended. Unlike a window's growth, the slow start does
+    not ask whether the limit is in use: the readings that say so lag by a polling round,
+    and a slow start that waited for them stalled (Obleth's docs/capacity.md). Under a
+    light load it therefore grows up to the ceiling. ``initial`` skips the slow start.
 
     Each stream's *longest gap* between two tokens is checked too, as it grows
     (``stall``): a batching backend sends a running sequence's tokens a step apart, and
@@ -119,14 +104,18 @@ class Law:
     already). The first bytes miss what a stall shows: preemptions begin one or two
     sequences past what the caches hold, while first bytes slow down only further on.
     A stall also *marks* the limit it began under (when the stream's last token before
-    the gap came): until the next probe, the limit grows to one under the lowest mark and
-    holds there. Without the mark, growth came back to where the last cut was and crept
-    past it into preemptions again, every few seconds; with it, the edge is passed once
-    per probe, and a probe forgets the marks, since what fits may have changed.
+    the gap came; while a probe was under way, the limit the probe went back to): the
+    cut goes at least to one under the lowest mark, and the limit grows back to one under
+    it and holds there. Without the mark, growth came back to where the last cut was and
+    crept past it into preemptions again, every few seconds. The mark is forgotten at
+    the end of a probe, or after ``MARK_LIMITS`` limits' worth of samples, since what
+    the caches hold changes with the requests.
 
     A sample counts only if its request was handed to the app after the last change of
     the limit: one handed over before describes a limit that no longer holds, and would
-    make the law cut (or grow) twice for the same cause.
+    make the law cut (or grow) twice for the same cause. The slow start's seats are the
+    exception: each first byte moves the limit, and counting only the requests handed
+    over since would stop the start.
 
     A *probe* measures the baseline: the limit drops to ``probe_limit``, so that the
     backends' queues drain, and the median of the next ``probe_samples`` samples (of
@@ -171,10 +160,9 @@ class Law:
         self._cut_at = -math.inf  # when the limit was last cut
         self._creep = 0  # increases past NEAR_CUT of the last cut since that cut
         self._slow = False  # in the slow start: one seat more per fast first byte
-        self._mark = math.inf  # the lowest limit a stall began under since the last probe
-        self._changes: collections.deque[tuple[float, int]] = collections.deque(
-            maxlen=HISTORY
-        )  # (when, limit) at each change noted
+        self._mark = math.inf  # the lowest limit a stall began under, while remembered
+        self._mark_left = math.inf  # limits' worth of samples until the mark is forgotten
+        self._history = LimitHistory(HISTORY)
 
     # -- reading the law --------------------------------------------------------------------
 
@@ -216,6 +204,9 @@ class Law:
         if self._slow:
             self._slow_step(seconds)
         self._countdown -= 1 / max(1, limit)
+        self._mark_left -= 1 / max(1, limit)
+        if self._mark_left <= 1e-9:
+            self._forget_mark()
         if len(self._window) >= min(self.knobs.window, max(MIN_WINDOW, limit)):
             self._decide(now)
 
@@ -235,12 +226,14 @@ class Law:
         top = self.ceiling()
         floor = min(self.knobs.floor, top)
         current = min(max(current, float(floor)), float(top))
-        new = max(float(floor), min(current - 1, current * STALL_CUT))
+        mark = min(self._mark, float(self._limit_at(now - gap)))
+        new = max(float(floor), min(current - 1, current * STALL_CUT, mark - 1))
         if int(new) == int(current):
             # at the floor already: nothing to cut, and the windows go on deciding (the
             # probe a limit stuck at the floor calls for among them)
             return
-        self._mark = min(self._mark, float(self._limit_at(now - gap)))
+        self._mark = mark
+        self._mark_left = float(MARK_LIMITS)
         self._limit = new
         self._last_cut = current
         self._creep = 0
@@ -264,18 +257,24 @@ class Law:
     # -- the limit's history ----------------------------------------------------------------
 
     def _remember(self, now: float) -> None:
-        """Note the limit as it is at ``now``, if it changed since it was last noted."""
-        value = self.limit()
-        if not self._changes or self._changes[-1][1] != value:
-            self._changes.append((now, value))
+        """Note the limit as it is at ``now``, if it changed since it was last noted. While
+        probing, the limit the probe goes back to is noted: a stream stalled then was
+        sent back by the load before the probe, not by the probe's low limit (the first
+        probe, which has none to go back to, notes nothing)."""
+        probe = self._probe
+        if probe is None:
+            value = self.limit()
+        elif probe.resume is not None:
+            value = min(max(self.knobs.floor, int(probe.resume)), self.ceiling())
+        else:
+            return
+        self._history.note(now, value)
 
     def _limit_at(self, when: float) -> int:
         """The limit as it was at ``when``; the limit now if that is older than the
         changes remembered."""
-        for at, value in reversed(self._changes):
-            if at <= when:
-                return value
-        return self.limit()
+        value = self._history.at(when)
+        return self.limit() if value is None else value
 
     # -- deciding ---------------------------------------------------------------------------
 
@@ -324,16 +323,22 @@ class Law:
 
     def _slow_step(self, seconds: float) -> None:
         """The slow start's growth: one seat more for a first byte within the tolerance
-        (``grow_within``, if set), up to the ceiling, where the slow start ends."""
+        (``grow_within``, if set), up to the ceiling, where the slow start ends (a
+        ceiling lowered under the limit only holds it)."""
         assert self._limit is not None
         assert self.baseline is not None
         if seconds > self._grow_within() * self.baseline:
             return
         top = self.ceiling()
+        if self._limit >= top:
+            return  # a ceiling lowered under the limit: no room, but the slow start goes on
         self._limit = min(float(top), self._limit + 1)
         self._slow = self._limit < top
         ratio = seconds / self.baseline if self.baseline > 0 else 1.0
         self.reason = f"slow start: a first byte in {ratio:.2f}x the no-load time"
+
+    def _forget_mark(self) -> None:
+        self._mark = self._mark_left = math.inf
 
     def _grow_within(self) -> float:
         knobs = self.knobs
@@ -375,12 +380,12 @@ class Law:
         elif knobs.initial is not None:
             self._limit = float(knobs.initial)
         else:
-            self._limit = float(min(knobs.probe_limit, self.ceiling()))
+            self._limit = float(min(max(knobs.floor, knobs.probe_limit), self.ceiling()))
             self._slow = True
         self._probe = None
         self._since = now
         self._window.clear()
         self._stuck = 0
-        self._mark = math.inf
+        self._forget_mark()
         every = knobs.probe_every
         self._countdown = every if every > 0 else math.inf

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 
 from gateway import PluginKnobs, Settings, hookimpl
 
-from obleth_adaptive.law import Knobs
+from obleth_adaptive.knobs import Knobs
 from obleth_adaptive.provider import AdaptiveLimit
 
 PREFIX = "OBLETH_ADAPTIVE_"

@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 from gateway import Readings
 
-from obleth_adaptive.law import Knobs, Law
+from obleth_adaptive.knobs import Knobs
+from obleth_adaptive.law import Law
 
 log = logging.getLogger("obleth.adaptive")
 
