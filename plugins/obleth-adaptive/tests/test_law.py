@@ -42,6 +42,15 @@ def test_the_slow_start_begins_at_the_floor_when_that_is_above_the_probe_limit()
     assert run.feed(0.1, 2) == [11, 12]
 
 
+def test_a_limit_that_starts_at_the_ceiling_has_no_slow_start() -> None:
+    """Nothing to grow to: with the ceiling at the probe limit, a ceiling raised later is
+    grown to by windows, as after a slow start that reached it."""
+    run = probed(0.1, probe_limit=3, ceiling=3)
+    assert run.feed(0.1, 2) == [3, 3]
+    run.ceiling = 64
+    assert run.feed(0.1, 6) == [4, 4, 4, 4, 6, 6]  # windows of 3 at 3, then of 4
+
+
 def test_the_first_cut_ends_the_slow_start() -> None:
     """A window of slow first bytes cuts as at any time; from then on the limit grows by
     windows, not by first bytes."""

@@ -13,7 +13,8 @@ class Knobs:
     floor: int = 1
     """The lowest limit the law sets."""
     initial: int | None = None
-    """The limit after the first probe; None for a slow start from ``probe_limit``."""
+    """The limit after the first probe; None for a slow start from ``probe_limit`` (or
+    ``floor``, if higher)."""
     tolerance: float = 4.0
     """How many times the no-load time to first byte a window may take before the limit
     shrinks."""

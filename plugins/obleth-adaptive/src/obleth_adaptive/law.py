@@ -104,12 +104,14 @@ class Law:
     already). The first bytes miss what a stall shows: preemptions begin one or two
     sequences past what the caches hold, while first bytes slow down only further on.
     A stall also *marks* the limit it began under (when the stream's last token before
-    the gap came; while a probe was under way, the limit the probe went back to): the
-    cut goes at least to one under the lowest mark, and the limit grows back to one under
-    it and holds there. Without the mark, growth came back to where the last cut was and
-    crept past it into preemptions again, every few seconds. The mark is forgotten at
-    the end of a probe, or after ``MARK_LIMITS`` limits' worth of samples, since what
-    the caches hold changes with the requests.
+    the gap came; while a probe was under way, the limit the probe went back to; none
+    for a gap begun during the first probe): the cut goes at least to one under the
+    lowest mark, which counts as the limit cut (the growth back comes fast to 0.9 of it,
+    then creeps), and the limit grows to one under it and holds there. Without the
+    mark, growth came back to where the last cut was and crept past it into preemptions
+    again, every few seconds. The mark is forgotten at the end of a probe, or after
+    ``MARK_LIMITS`` limits' worth of samples since the last stall that cut, since what
+    the caches hold changes with the requests; the limit then creeps past it from +1.
 
     A sample counts only if its request was handed to the app after the last change of
     the limit: one handed over before describes a limit that no longer holds, and would
@@ -216,7 +218,7 @@ class Law:
         if not (0.0 <= gap < math.inf and 0.0 <= lasted < math.inf):
             return
         self.expire(now)
-        self._remember(now)  # the limit now, should the ceiling have moved it since
+        self._remember(now)
         baseline, current = self.baseline, self._limit
         within = self.knobs.stall_within
         if self._probe is not None or baseline is None or current is None or within <= 0:
@@ -226,7 +228,8 @@ class Law:
         top = self.ceiling()
         floor = min(self.knobs.floor, top)
         current = min(max(current, float(floor)), float(top))
-        mark = min(self._mark, float(self._limit_at(now - gap)))
+        began_under = self._history.at(now - gap)  # None: before the changes remembered
+        mark = self._mark if began_under is None else min(self._mark, float(began_under))
         new = max(float(floor), min(current - 1, current * STALL_CUT, mark - 1))
         if int(new) == int(current):
             # at the floor already: nothing to cut, and the windows go on deciding (the
@@ -235,16 +238,17 @@ class Law:
         self._mark = mark
         self._mark_left = float(MARK_LIMITS)
         self._limit = new
-        self._last_cut = current
+        self._last_cut = min(current, mark)  # growth creeps past the mark, not near current
         self._creep = 0
         self._slow = False
         self._cut_at = self._since = now
         self._remember(now)
         self._window.clear()
         ratio = gap / baseline if baseline > 0 else math.inf
+        under = f" under a limit of {mark:.0f}" if mark < current else ""
         self.reason = (
             f"decrease: a stream stalled {gap * 1000:.0f} ms between two tokens "
-            f"({ratio:.1f}x the no-load time to first byte)"
+            f"({ratio:.1f}x the no-load time to first byte){under}"
         )
 
     def expire(self, now: float) -> None:
@@ -259,8 +263,9 @@ class Law:
     def _remember(self, now: float) -> None:
         """Note the limit as it is at ``now``, if it changed since it was last noted. While
         probing, the limit the probe goes back to is noted: a stream stalled then was
-        sent back by the load before the probe, not by the probe's low limit (the first
-        probe, which has none to go back to, notes nothing)."""
+        sent back by the load before the probe, not by the probe's low limit. The first
+        probe, which has none to go back to, notes nothing: a stream stopped during it,
+        or before the oldest change remembered, leaves no mark."""
         probe = self._probe
         if probe is None:
             value = self.limit()
@@ -269,12 +274,6 @@ class Law:
         else:
             return
         self._history.note(now, value)
-
-    def _limit_at(self, when: float) -> int:
-        """The limit as it was at ``when``; the limit now if that is older than the
-        changes remembered."""
-        value = self._history.at(when)
-        return self.limit() if value is None else value
 
     # -- deciding ---------------------------------------------------------------------------
 
@@ -338,6 +337,9 @@ class Law:
         self.reason = f"slow start: a first byte in {ratio:.2f}x the no-load time"
 
     def _forget_mark(self) -> None:
+        """Forget the mark; the limit then creeps past it from +1 again."""
+        if self._mark < math.inf:
+            self._creep = 0
         self._mark = self._mark_left = math.inf
 
     def _grow_within(self) -> float:
@@ -381,7 +383,7 @@ class Law:
             self._limit = float(knobs.initial)
         else:
             self._limit = float(min(max(knobs.floor, knobs.probe_limit), self.ceiling()))
-            self._slow = True
+            self._slow = self._limit < self.ceiling()  # started at the ceiling: nothing to grow
         self._probe = None
         self._since = now
         self._window.clear()
