@@ -4,7 +4,6 @@ saturation, routing, stale readings, admission) and the engine behind them."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import io
 import json
