@@ -87,12 +87,12 @@ class Law:
     per first byte would double the requests in flight every no-load time, and overshoot
     by as much: in ``obleth simulate`` that cut the capacity benchmark's goodput from
     0.98 of the best static limit's to 0.93, and held four instances of long answers at
-    9 responses per second instead of 54. Opening at the
-    ceiling sent the whole queue of a start under load to the backends at once, and they
-    preempted until those requests ended. Unlike a window's growth, the slow start does
-    not ask whether the limit is in use: the readings that say so lag by a polling round,
-    and a slow start that waited for them stalled (Obleth's docs/capacity.md). Under a
-    light load it therefore grows up to the ceiling. ``initial`` skips the slow start.
+    9 responses per second instead of 54. Opening at the ceiling sent the whole queue of
+    a start under load to the backends at once, and they preempted until those requests
+    ended. Unlike a window's growth, the slow start does not ask whether the limit is in
+    use: the readings that say so lag by a polling round, and a slow start that waited
+    for them stalled (Obleth's docs/capacity.md). Under a light load it therefore grows
+    up to the ceiling. ``initial`` skips the slow start.
 
     Each stream's *longest gap* between two tokens is checked too, as it grows
     (``stall``): a batching backend sends a running sequence's tokens a step apart, and
