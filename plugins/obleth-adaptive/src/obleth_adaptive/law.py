@@ -205,8 +205,9 @@ class Law:
         limit = self.limit()
         if self._slow:
             self._slow_step(seconds)
-        self._countdown -= 1 / max(1, limit)
-        self._mark_left -= 1 / max(1, limit)
+        worth = 1 / max(1, limit)  # of a limit: what the probe's and the mark's counts use
+        self._countdown -= worth
+        self._mark_left -= worth
         if self._mark_left <= 1e-9:
             self._forget_mark()
         if len(self._window) >= min(self.knobs.window, max(MIN_WINDOW, limit)):
