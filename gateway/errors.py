@@ -157,12 +157,14 @@ class Unroutable(OblethError):
 
     ``status`` 404 with ``code`` ``model_not_found`` when no upstream serves the model the
     request names; 503 ``no_healthy_upstream`` when every upstream that serves it fails its
-    health checks.
+    health checks. ``param`` names the request's field at fault (``model``), as the error
+    body's ``param`` does.
     """
 
-    def __init__(self, message: str, *, status: int, code: str) -> None:
+    def __init__(self, message: str, *, status: int, code: str, param: str | None = None) -> None:
         self.status = status
         self.code = code
+        self.param = param
         super().__init__(message)
 
 

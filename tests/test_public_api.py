@@ -50,7 +50,7 @@ ERRORS = [
     gateway.BadRequest("bad priority", param="x-priority", status=400),
     gateway.Disconnected(),
     gateway.Rejected.because("tenant_limit", retry_after_s=2.5),
-    gateway.Unroutable("no upstream serves it", status=404, code="model_not_found"),
+    gateway.Unroutable("no upstream serves it", status=404, code="model_not_found", param="model"),
 ]
 
 

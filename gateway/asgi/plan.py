@@ -224,4 +224,6 @@ class FlightPlan:
         """Answer a request no upstream can take: the error's status, and for a 503 a
         ``Retry-After`` of the next health check."""
         retry = self.retry_unroutable_s if error.status == 503 else None
-        await send_json_error(send, error.status, str(error), code=error.code, retry_after_s=retry)
+        await send_json_error(
+            send, error.status, str(error), code=error.code, param=error.param, retry_after_s=retry
+        )

@@ -53,10 +53,11 @@ def bearer_token(authorization: bytes) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def _tenant_named(value: bytes) -> str:
-    """The tenant a header names: UTF-8, as clients send names like ``café`` today (and
+def _header_text(value: bytes) -> str:
+    """A header's value as text: UTF-8, as clients send names like ``café`` today (and
     as a name in ``tenant_weights`` is written); bytes that are no UTF-8 read as Latin-1,
-    HTTP's old default, so that every value names some tenant."""
+    HTTP's old default, so that every value names some tenant (and a priority that is
+    refused is quoted as the client wrote it)."""
     try:
         text = value.decode("utf-8")
     except UnicodeDecodeError:
@@ -116,7 +117,7 @@ class HeaderReader:
         #: headers that can name the tenant, in order: the first that does wins
         self._sources = names
         #: how each of them becomes a tenant id
-        self._tenant_of = {name: _TENANT_OF.get(name, _tenant_named) for name in names}
+        self._tenant_of = {name: _TENANT_OF.get(name, _header_text) for name in names}
         #: every header read, with the tickets its recent values led to (None for the
         #: priority header)
         self._reads: dict[bytes, Memo[int, Ticket] | None] = {
@@ -205,7 +206,7 @@ class HeaderReader:
         return _classification((result.tenant, result.priority, None, None))
 
     def _priority(self, claimed: bytes) -> Priority:
-        text = claimed.decode("latin-1").strip().lower()
+        text = _header_text(claimed).lower()
         for priority in PRIORITIES:
             if text == priority:
                 return priority

@@ -244,6 +244,7 @@ class Router:
                 f"no upstream serves model {model!r}; served: {', '.join(served)}",
                 status=404,
                 code="model_not_found",
+                param="model",
             )
         readings = self.fleet.readings
         healthy = [u for u in serving if readings.get(u).healthy]

@@ -179,6 +179,8 @@ def test_a_bad_priority_names_the_header_and_what_is_accepted() -> None:
     with pytest.raises(BadRequest, match="x-urgency: 'soon' is no priority") as caught:
         reader.ticket([(b"x-urgency", b"Soon")])
     assert "critical, standard, background" in str(caught.value)
+    with pytest.raises(BadRequest, match="x-urgency: 'bientôt' is no priority"):
+        reader.ticket([(b"x-urgency", "bientôt".encode())])
 
 
 def test_any_classifier_may_offer_the_header_only_path() -> None:

@@ -207,6 +207,7 @@ async def test_one_model_is_answered_from_the_union_or_not_found() -> None:
     assert other.status_code == 200 and other.json()["id"] == "qwen"
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "model_not_found"
+    assert missing.json()["error"]["param"] == "model"  # as a completion naming it gets
 
 
 async def test_listing_models_takes_no_seat_while_the_gateway_is_full() -> None:

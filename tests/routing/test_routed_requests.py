@@ -482,7 +482,7 @@ async def test_a_model_no_upstream_serves_gets_404_model_not_found_and_frees_its
     assert response.headers["content-type"] == "application/json"
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert error["code"] == "model_not_found"
+    assert (error["code"], error["param"]) == ("model_not_found", "model")
     assert "model-c" in error["message"]
     assert "model-a" in error["message"] and "model-b" in error["message"]
     assert UPSTREAM_HEADER not in response.headers
