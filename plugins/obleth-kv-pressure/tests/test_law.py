@@ -22,11 +22,11 @@ def signals(
 
 def test_a_preemption_cuts_the_limit_then_holds_while_cooling_down() -> None:
     first = LAW.next(100, 200, signals(preemptions=3), cooling=0)
-    assert (first.limit, first.cooling) == (70, 3)
+    assert (first.limit, first.cooling) == (70, 2)
     assert first.reason == "decrease: 3 preemptions"
     # the readings after a cut still show the load from before it
     held = LAW.next(first.limit, 200, signals(preemptions=1), first.cooling)
-    assert (held.limit, held.cooling) == (70, 2)
+    assert (held.limit, held.cooling) == (70, 1)
     assert "cooling down" in held.reason
 
 

@@ -208,7 +208,7 @@ def test_knobs_come_from_the_environment_and_bad_ones_are_named() -> None:
     knobs, initial = knobs_from(
         {"OBLETH_KV_PRESSURE_HIGH": "0.95", "OBLETH_KV_PRESSURE_INITIAL": "12"}
     )
-    assert (knobs.high, knobs.low, knobs.cooldown_rounds, initial) == (0.95, 0.80, 3, 12)
+    assert (knobs.high, knobs.low, knobs.cooldown_rounds, initial) == (0.95, 0.80, 2, 12)
     assert knobs_from({"OBLETH_KV_PRESSURE_COOLDOWN_ROUNDS": "0"})[0].cooldown_rounds == 0
     with pytest.raises(ConfigError, match=r"OBLETH_KV_PRESSURE_HIGH='lots'.*fraction"):
         knobs_from({"OBLETH_KV_PRESSURE_HIGH": "lots"})

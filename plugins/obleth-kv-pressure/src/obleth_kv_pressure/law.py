@@ -18,7 +18,7 @@ class Knobs:
     """KV usage under which a backend has room to take more."""
     decrease: float = 0.7
     """The factor a limit is multiplied by under pressure."""
-    cooldown_rounds: int = 3
+    cooldown_rounds: int = 2
     """Polling rounds to hold after a decrease before deciding again: the readings of
     the round after a cut still show the load from before it."""
     floor: int = 1
