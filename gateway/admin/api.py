@@ -45,7 +45,13 @@ from gateway.admin import dashboard, openapi
 from gateway.admin.contract import CAPACITY_PATH, MAX_BODY_BYTES, MAX_LIMIT, STATUS_PATH
 from gateway.admin.status import status
 from gateway.asgi.body import BodyTooLarge, RequestBody, declared_length
-from gateway.asgi.responses import error_document, send_json, send_json_error, send_not_allowed
+from gateway.asgi.responses import (
+    error_document,
+    refuse_websocket,
+    send_json,
+    send_json_error,
+    send_not_allowed,
+)
 from gateway.capacity import is_computed
 from gateway.core.exemptions import route_path
 from gateway.errors import Disconnected, PluginError
@@ -65,6 +71,9 @@ PUBLIC_PATHS = {
 #: every path of the admin API, for the gateway's default ``exempt_paths``
 PATHS = (CAPACITY_PATH, STATUS_PATH, *PUBLIC_PATHS)
 
+#: the admin API's answer to a WebSocket handshake (``501 websocket_not_supported``)
+WEBSOCKET_REFUSED = "the admin API takes no WebSocket connections; send HTTP requests"
+
 _SHAPE = '{"max_in_flight": N}'
 
 
@@ -81,7 +90,9 @@ class _Admin:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            return  # lifespan and websockets: nothing to do
+            if scope["type"] == "websocket":  # else lifespan: nothing to do
+                await refuse_websocket(scope, receive, send, WEBSOCKET_REFUSED)
+            return
         path = route_path(scope)
         if self._token is None or path not in PATHS:
             await send_json_error(send, 404, "no such admin endpoint", code="not_found")

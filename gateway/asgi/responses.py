@@ -8,7 +8,7 @@ import math
 
 from gateway.complaints import Complaints
 from gateway.errors import BadRequest, Rejected
-from gateway.types import Send
+from gateway.types import Message, Receive, Scope, Send
 
 log = logging.getLogger("obleth")
 
@@ -119,3 +119,19 @@ async def answer_not_started(
         code="gateway_not_started",
         retry_after_s=retry_after_s,
     )
+
+
+async def refuse_websocket(scope: Scope, receive: Receive, send: Send, message: str) -> None:
+    """Refuse a WebSocket handshake: ``501 websocket_not_supported``, an OpenAI-style JSON
+    error saying ``message``, where the server lets an app answer a handshake over HTTP
+    (the ASGI ``websocket.http.response`` extension, as uvicorn's WebSocket protocols
+    offer); else the server's own refusal, a bare 403."""
+    await receive()  # websocket.connect
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1000})  # closed before accepted: 403
+        return
+
+    async def over_handshake(answer: Message) -> None:
+        await send({**answer, "type": "websocket." + answer["type"]})
+
+    await send_json_error(over_handshake, 501, message, code="websocket_not_supported")

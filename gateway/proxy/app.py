@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import aiohttp
 
-from gateway.asgi.responses import send_json_error
+from gateway.asgi.responses import refuse_websocket, send_json_error
 from gateway.core.networks import ProxyListError, parse_networks
 from gateway.errors import ConfigError
 from gateway.proxy.client import MAX_HEADER_BYTES, upstream_session
@@ -22,7 +22,7 @@ from gateway.proxy.upstream import (
     unforwardable_path,
 )
 from gateway.routing.upstreams import parse_upstream
-from gateway.types import Message, Receive, Scope, Send
+from gateway.types import Receive, Scope, Send
 
 log = logging.getLogger("obleth.proxy")
 
@@ -121,7 +121,7 @@ class ProxyApp:
         elif kind == "lifespan":
             await self._lifespan(receive, send)
         elif kind == "websocket":
-            await _refuse_websocket(scope, receive, send)
+            await refuse_websocket(scope, receive, send, WEBSOCKET_REFUSED)
 
     async def aclose(self) -> None:
         """Close the shared HTTP client and its connections; a later request opens a new one."""
@@ -266,19 +266,3 @@ WEBSOCKET_REFUSED = (
     "the gateway does not forward WebSocket connections; send HTTP requests (with "
     '"stream": true for an answer token by token)'
 )
-
-
-async def _refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
-    """Refuse a WebSocket handshake: ``501 websocket_not_supported``, an OpenAI-style JSON
-    error, where the server lets an app answer a handshake over HTTP (the ASGI
-    ``websocket.http.response`` extension, as uvicorn's WebSocket protocols offer); else
-    the server's own refusal, a bare 403."""
-    await receive()  # websocket.connect
-    if "websocket.http.response" not in scope.get("extensions", {}):
-        await send({"type": "websocket.close", "code": 1000})  # closed before accepted: 403
-        return
-
-    async def over_handshake(message: Message) -> None:
-        await send({**message, "type": "websocket." + message["type"]})
-
-    await send_json_error(over_handshake, 501, WEBSOCKET_REFUSED, code="websocket_not_supported")

@@ -35,7 +35,8 @@ What callers of ``forward`` may rely on:
 - Before the response has started, an upstream failure is answered with an OpenAI-style
   JSON error: 502 ``upstream_unreachable`` (no connection could be made), 502
   ``upstream_failed`` (connected, but no answer came), 502 ``upstream_bad_response`` (an
-  answer whose head cannot be read: no HTTP, or over the session's bounds), 503
+  answer whose head cannot be read: no HTTP, over the session's bounds, a 1xx as the
+  final response or a status past 599), 503
   ``upstream_connections_exhausted`` (every pooled connection stayed busy for longer than
   the connect timeout), 504 ``upstream_timeout`` (no response headers within
   ``response_timeout_s``; the clock starts once the request is written, so connecting

@@ -142,7 +142,9 @@ class Outbound:
                 allow_redirects=False,
                 trace_request_ctx=attempt,
             )
-            if response.status < 200:  # a 101 nobody asked for: the gateway upgrades nothing
+            # a 1xx as the final response (a 101 nobody asked for: the gateway upgrades
+            # nothing), or a status HTTP does not define, which no server can pass on
+            if not 200 <= response.status <= 599:
                 response.close()  # and the connection, in a state nobody can read
                 return UpstreamFailure(
                     "malformed", f"answered {response.status} as its final response"

@@ -14,8 +14,9 @@ has seen the request, so the estimate is deliberately simple and stated in the d
   backends read them (pydantic): ``5000``, ``5000.0`` and ``"5000"`` alike.
 
 A body that is no OpenAI-style JSON object (or that the gateway did not read: too large,
-or not JSON) counts its bytes as prompt, its declared ``Content-Length`` when it was not
-read, plus ``default_max_tokens``: a server that parses it anyway is not given it free.
+or not JSON; or whose prompt is nested too deep to measure) counts its bytes as prompt,
+its declared ``Content-Length`` when it was not read, plus ``default_max_tokens``: a
+server that parses it anyway is not given it free.
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ def estimate_tokens(body: bytes | None, default_max_tokens: int) -> int:
     payload = parse_body(body)
     if payload is None:
         return _unparsed(len(body) if body else 0, default_max_tokens)
-    return tokens_of(payload, default_max_tokens)
+    try:
+        return tokens_of(payload, default_max_tokens)
+    except RecursionError:  # a part nested too deep to measure again: priced by length
+        assert body is not None
+        return _unparsed(len(body), default_max_tokens)
 
 
 def _unparsed(size: int, default_max_tokens: int) -> int:

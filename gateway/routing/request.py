@@ -101,7 +101,16 @@ def model_of(payload: Mapping[str, object] | None) -> str | None:
 
 def prompt_text(payload: Mapping[str, object] | None) -> bytes:
     """The prompt as bytes: the ``messages`` array (each role and content, in order) for
-    chat, ``prompt`` (or ``input``) otherwise; empty when there is none."""
+    chat, ``prompt`` (or ``input``) otherwise; empty when there is none, or when a part
+    that is not text is nested too deep to write out again (a body the parser only just
+    took: the request is routed without a prefix, and its upstream judges it)."""
+    try:
+        return _prompt_text(payload)
+    except RecursionError:
+        return b""
+
+
+def _prompt_text(payload: Mapping[str, object] | None) -> bytes:
     if payload is None:
         return b""
     messages = payload.get("messages")

@@ -1,5 +1,6 @@
-"""Upstream answers without a body: a ``304`` that names the length of the body it
-stands for, and a ``101`` nobody asked for, relayed as a client can read them."""
+"""Upstream answers a client could not read as they came: a ``304`` that names the length
+of the body it stands for, a ``101`` nobody asked for, and a status HTTP does not
+define, each relayed as a client can read it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ ANSWERS = {
     b"/upgraded": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
     b"Connection: Upgrade\r\n\r\n",
     b"/fine": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    b"/weird": b"HTTP/1.1 999 Weird\r\nContent-Length: 2\r\n\r\nok",
 }
 
 
@@ -65,3 +67,18 @@ async def test_a_101_nobody_asked_for_is_a_bad_response(http: httpx.AsyncClient)
         answer = await http.get(f"{proxy.url}/upgraded")
     assert answer.status_code == 502
     assert answer.json()["error"]["code"] == "upstream_bad_response"
+
+
+async def test_a_status_http_does_not_define_is_a_bad_response(http: httpx.AsyncClient) -> None:
+    """A status past 599 cannot be passed on (the server has no status line for it): it is
+    an upstream that answered nonsense, ``502 upstream_bad_response``, and the proxy
+    stays usable. The client's connection used to be dropped without an answer."""
+    async with (
+        raw_upstream(answering) as upstream,
+        serve_in_task(routed(ProxyApp(), FakeRoute(upstream))) as proxy,
+    ):
+        answer = await http.get(f"{proxy.url}/weird")
+        then = await http.get(f"{proxy.url}/fine")
+    assert answer.status_code == 502
+    assert answer.json()["error"]["code"] == "upstream_bad_response"
+    assert (then.status_code, then.text) == (200, "ok")

@@ -69,3 +69,16 @@ def test_a_body_the_gateway_did_not_read_costs_its_declared_length() -> None:
 
 def test_an_absurd_max_tokens_is_bounded() -> None:
     assert estimate_tokens(body(prompt="", max_tokens=10**30, n=10**30), 0) == MAX_ESTIMATE
+
+
+def test_a_prompt_nested_as_deep_as_the_parser_goes_is_priced_without_a_fault() -> None:
+    """JSON the parser only just takes may be too deep to measure again (a few calls
+    deeper): such a body is priced by its length, like one that is no JSON, never with a
+    RecursionError (which its client would get as a 500). Every depth from well under
+    the parser's limit to past it."""
+    for depth in range(600, 1100):
+        nested = "[" * depth + "]" * depth
+        chat = f'{{"messages": [{{"role": "user", "content": [{nested}]}}]}}'.encode()
+        completion = f'{{"prompt": [{nested}]}}'.encode()
+        for raw in (chat, completion):
+            assert 16 <= estimate_tokens(raw, 16) <= -(-len(raw) // 4) + 16, depth

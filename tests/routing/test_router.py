@@ -17,7 +17,7 @@ from gateway import Gateway, Settings, hookimpl
 from gateway.errors import Unroutable
 from gateway.proxy import route_of
 from gateway.routing.readings import Reading
-from gateway.routing.request import RouteRequest, blocks_of, prompt_text
+from gateway.routing.request import RouteRequest, blocks_of, parse_body, prompt_text
 from gateway.routing.router import Decision, Router
 
 A, B, C, D = URLS = [f"http://vllm-{name}:8000" for name in "abcd"]
@@ -749,3 +749,17 @@ def test_a_scorer_plugin_answering_numbers_out_of_range_is_clamped_not_faulted(
         decision = route(gw, LONG_PROMPT)
     assert decision.scores["wrong"] == {A: 1.0, B: 0.0, C: 1.0, D: 0.25}
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_prompt_nested_as_deep_as_the_parser_goes_is_routed_without_a_prefix() -> None:
+    """JSON the parser only just takes may be too deep to write out again for the prefix
+    (a few calls deeper): the request then has no prefix to share, never a RecursionError
+    (which its client would get as a 500). Every depth from well under the parser's
+    limit to past it."""
+    for depth in range(600, 1100):
+        nested = "[" * depth + "]" * depth
+        chat = f'{{"messages": [{{"role": "user", "content": [{nested}]}}]}}'.encode()
+        completion = f'{{"prompt": [{nested}]}}'.encode()
+        for raw in (chat, completion):
+            text = prompt_text(parse_body(raw))
+            assert text == b"" or text.count(b"[") in (depth, depth + 1), depth
