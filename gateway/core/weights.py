@@ -45,6 +45,12 @@ def parse_pairs(
         if not name:
             raise WeightSyntaxError(f"{part!r} has no name before ':'")
         if not sep:
+            if "=" in name:  # "gold=4": the value after '=', which separates nothing here
+                named, _, given = name.partition("=")
+                raise WeightSyntaxError(
+                    f"{part!r} has no ':{what}' (write {named.strip()}:{given.strip()}; "
+                    "the separator is ':', not '=')"
+                )
             if bare is None:
                 raise WeightSyntaxError(f"{part!r} has no ':{what}' (write {name}:1)")
             value_text = bare

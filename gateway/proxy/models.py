@@ -16,6 +16,7 @@ import httpx
 
 from gateway.asgi.responses import send_json, send_json_error
 from gateway.complaints import Complaints
+from gateway.proxy.upstream import unforwardable_path
 from gateway.routing.httpclient import pooled_limits
 from gateway.routing.upstreams import Upstream, parse_upstream
 from gateway.types import ASGIApp, Message, Receive, Scope, Send
@@ -229,7 +230,8 @@ class ModelList:
 
     - ``/v1/models``: ``200 {"object": "list", "data": [...]}``, the catalog's union.
     - ``/v1/models/{id}`` (an id may hold slashes): ``200`` with that model's entry, or
-      ``404`` ``model_not_found`` when no healthy upstream lists it.
+      ``404`` ``model_not_found`` when no healthy upstream lists it. A path with a ``.``
+      or ``..`` segment goes on to ``app``, which refuses it (``unforwardable_path``).
     - No healthy upstream contributed a list: ``503`` ``no_model_list``, with
       ``Retry-After``.
 
@@ -257,7 +259,11 @@ class ModelList:
             if path == MODELS_PATH:
                 await self._list(send)
                 return
-            if path.startswith(MODELS_PATH + "/") and len(path) > len(MODELS_PATH) + 1:
+            if (
+                path.startswith(MODELS_PATH + "/")
+                and len(path) > len(MODELS_PATH) + 1
+                and unforwardable_path(scope) is None  # else the app refuses it, 400
+            ):
                 await self._one(path[len(MODELS_PATH) + 1 :], send)
                 return
         elif kind == "lifespan":

@@ -76,6 +76,13 @@ def parse_upstream(url: str, setting: str = "upstream") -> httpx.URL:
     over, and parsing them on every request would be wasted work.
     """
     expected = "expected an http:// or https:// base URL, e.g. http://127.0.0.1:8000"
+    if isinstance(url, str) and any(c.isspace() for c in url.strip()):
+        # httpx would escape it into the host or the path, or fail on the port
+        raise ConfigError(
+            setting,
+            without_userinfo(url),
+            f"{expected}; a URL has no white space: separate upstreams with commas or newlines",
+        )
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError):

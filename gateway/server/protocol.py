@@ -119,6 +119,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if size > self.max_header_bytes:
             self._refuse_too_large(f"{size} bytes")
             return
+        version = self.parser.get_http_version()
+        if version not in ("1.1", "1.0"):  # httptools takes a line without one as 0.9
+            said = "no HTTP version" if version == "0.9" else f"HTTP/{version}"
+            self.send_400_response(f"the request line has {said}")
+            return
         self._in_body = True
         super().on_headers_complete()
 

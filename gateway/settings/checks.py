@@ -125,7 +125,10 @@ def check_token(settings: Settings, name: str, value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or len(value.strip()) < MIN_TOKEN_CHARS:
-        shown = f"<{len(value)} characters>" if isinstance(value, str) else type(value).__name__
+        # counted as it is used: without the white space around it
+        shown = (
+            f"<{len(value.strip())} characters>" if isinstance(value, str) else type(value).__name__
+        )
         raise settings.error(
             name,
             shown,

@@ -66,7 +66,7 @@ _REDIS_SCHEMES = (
     "rediss+cluster",
 )
 _HOST = re.compile(r"^[A-Za-z0-9_.:%-]+$")
-_POOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_POOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 def check_redis_url(settings: Settings, name: str, value: Any) -> str | None:
@@ -193,7 +193,7 @@ def split_hosts(url: str) -> tuple[str, urllib.parse.SplitResult]:
 
 
 def check_pool(settings: Settings, name: str, value: Any) -> str:
-    if not isinstance(value, str) or not _POOL_NAME.match(value):
+    if not isinstance(value, str) or not _POOL_NAME.fullmatch(value):
         raise settings.error(
             name, value, "expected 1 to 64 letters, digits or . _ : - (it becomes a Redis hash tag)"
         )

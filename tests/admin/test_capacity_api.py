@@ -346,6 +346,10 @@ def test_a_token_too_short_stops_startup_without_showing_it() -> None:
         Settings(admin_token="hunter2")
     assert "hunter2" not in str(caught.value)
     assert "hunter2" not in repr(Settings(admin_token=TOKEN + "hunter2"))
+    # counted as it is used, without the white space around it: the message may not
+    # say "16 characters ... expected at least 16"
+    with pytest.raises(ValueError, match=r"'<15 characters>': expected a token of at least 16"):
+        Settings(admin_token="a" * 15 + " ")
 
 
 def test_a_token_beyond_ascii_stops_startup_without_showing_it() -> None:

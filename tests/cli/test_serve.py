@@ -20,6 +20,7 @@ UPSTREAM = ("--upstream", "http://127.0.0.1:9")
         ((*UPSTREAM, "--scorers", "x"), "--scorers='x': 'x' has no ':weight'"),
         ((*UPSTREAM, "--redis-url", "http://x"), "--redis-url='http://x': unknown scheme"),
         ((*UPSTREAM, "--pool", "a b"), "--pool='a b': expected 1 to 64 letters"),
+        ((*UPSTREAM, "--pool", "a\n"), "--pool='a\\n': expected 1 to 64 letters"),
         (
             (*UPSTREAM, "--overflow-policy", "drop"),
             "--overflow-policy='drop': no overflow policy by that name",
@@ -36,11 +37,12 @@ UPSTREAM = ("--upstream", "http://127.0.0.1:9")
     ],
 )
 def test_a_bad_flag_value_stops_serve_naming_the_flag(
-    argv: tuple[str, ...], said: str, capsys: pytest.CaptureFixture[str]
+    argv: tuple[str, ...], said: str, taken_port: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """What the user typed is what the message names; nothing is served (the upstream
-    port 9 is never asked)."""
-    assert main(["serve", *argv]) == 2
+    port 9 is never asked). On a port in use, a value let through fails at once rather
+    than serve for ever."""
+    assert main(["serve", "--port", str(taken_port), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"obleth: {said}") and "Traceback" not in err
 

@@ -31,6 +31,8 @@ def test_weight_lists_parse_to_floats(text: str, expected: dict[str, float]) -> 
         ("gold:inf", "finite"),
         ("gold:nan", "finite"),
         ("gold", "no ':weight'"),
+        # the hint must be one that parses as meant: "gold=4:1" would name a tenant "gold=4"
+        ("gold=4,free=1", r"write gold:4; the separator is ':', not '='"),
         (":3", "no name"),
         ("a:1,a:2", "twice"),
     ],

@@ -172,8 +172,11 @@ def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(
     [
         b"GARBAGE /v1/models\r\n\r\n",  # no HTTP version
         b"GET /v1/models HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",  # space in a name
+        # a method the parser knows, with no version: httptools reads it as HTTP/0.9
+        b"POST /v1/completions\r\n\r\n",
+        b"GET /v1/models HTTP/2.0\r\nHost: x\r\n\r\n",  # HTTP/2 is not spoken as text
     ],
-    ids=["request-line", "header-name"],
+    ids=["request-line", "header-name", "no-version", "http-2"],
 )
 def test_bytes_that_are_no_http_request_get_a_json_400_and_a_closed_connection(
     pod: ServePod, echo: tuple[str, Echo], head: bytes

@@ -30,13 +30,23 @@ async def raw_answer(url: str, request_line: str) -> tuple[bytes, dict[str, str]
     return head.split(b"\r\n")[0], error
 
 
-@pytest.mark.parametrize("request_line", ["GET /v1/../../admin HTTP/1.1", "OPTIONS * HTTP/1.1"])
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        "GET /v1/../../admin HTTP/1.1",
+        "OPTIONS * HTTP/1.1",
+        "GET /v1/models/../x HTTP/1.1",
+        "GET /v1/models/./llama HTTP/1.1",
+    ],
+)
 async def test_an_unforwardable_target_gets_400_while_the_gate_is_full_and_takes_no_seat(
     request_line: str,
 ) -> None:
     """It used to wait for a seat like any request: under ``reject`` with the gate full
     it was answered 503 over_capacity (a client told to retry a request that can never
-    pass), and with a seat free it took one and was counted as routed and completed."""
+    pass), and with a seat free it took one and was counted as routed and completed. A
+    model's path with a dot segment was answered 404 model_not_found for a model named
+    ``../x``."""
     async with serving(global_max_in_flight=1, overflow_policy="reject") as served:
         held = await served.scheduler.acquire(Ticket("x"))
         try:

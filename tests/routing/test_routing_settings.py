@@ -218,6 +218,8 @@ def test_upstreams_in_code_take_text_and_mappings() -> None:
         ({"models": ["llama"]}, "no 'url'"),
         (42, "not an upstream URL"),
         ("  ", "not an upstream URL"),
+        ("http://vllm-b:8000 http://vllm-c:8000", "separate upstreams with commas"),
+        ("http://vllm-b:8000/ http://vllm-c:8000", "separate upstreams with commas"),
     ],
     ids=[
         "ftp",
@@ -232,6 +234,8 @@ def test_upstreams_in_code_take_text_and_mappings() -> None:
         "mapping-no-url",
         "number",
         "blank",
+        "two-in-one-space",
+        "two-in-one-path",
     ],
 )
 def test_bad_upstreams_are_refused_naming_the_setting(entry: Any, complaint: str) -> None:
@@ -300,7 +304,9 @@ def test_an_upstream_that_does_not_parse_is_refused_without_showing_its_password
     assert "s3cret" not in str(caught.value) and "http://***@[::1" in str(caught.value)
 
 
-@pytest.mark.parametrize("text", ["ftp://vllm-a:8000", "http://", f"{A},http://b:1/?q=1"])
+@pytest.mark.parametrize(
+    "text", ["ftp://vllm-a:8000", "http://", f"{A},http://b:1/?q=1", f"{A} http://b:1"]
+)
 def test_bad_obleth_upstreams_names_the_variable(text: str) -> None:
     """From the environment the error names ``OBLETH_UPSTREAMS``."""
     with pytest.raises(ConfigError) as caught:
