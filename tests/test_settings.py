@@ -133,6 +133,12 @@ def test_every_setting_has_an_environment_variable() -> None:
             "did you mean OBLETH_GLOBAL_MAX_IN_FLIGHT",
         ),
         ({"OBLETH_EXEMPT_PATHS": "healthz"}, "OBLETH_EXEMPT_PATHS=", "paths start with '/'"),
+        (  # it would replace the default list with one path no request has
+            {"OBLETH_EXEMPT_PATHS": "/healthz /metrics"},
+            "OBLETH_EXEMPT_PATHS=",
+            "separate paths with commas",
+        ),
+        ({"OBLETH_EXEMPT_PATHS": "/a?b=1"}, "OBLETH_EXEMPT_PATHS=", "leave out any query"),
         (
             {"OBLETH_TENANT_MAX_IN_FLIGHT": "free:1.5"},
             "OBLETH_TENANT_MAX_IN_FLIGHT='free:1.5'",
@@ -245,6 +251,23 @@ def test_an_installed_plugins_own_variables_are_left_to_it() -> None:
     assert settings.max_queue == 9
     with pytest.raises(ConfigError, match=r"OBLETH_KV_PRESURE_HIGH='0\.95': no such setting"):
         Settings.from_env({"OBLETH_KV_PRESURE_HIGH": "0.95"})
+
+
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [
+        ("OBLETH_KV_PRESURE_HIGH", "OBLETH_KV_PRESSURE_HIGH"),
+        ("OBLETH_KVPRESSURE_LOW", "OBLETH_KV_PRESSURE_LOW"),
+        ("OBLETH_ADAPTIV_FLOOR", "OBLETH_ADAPTIVE_FLOOR"),
+        ("OBLETH_GLOBAL_MAX_INFLIGHT", "OBLETH_GLOBAL_MAX_IN_FLIGHT"),  # Obleth's own first
+    ],
+)
+def test_a_misspelt_plugin_prefix_suggests_the_plugins_variable(written: str, meant: str) -> None:
+    """The suggestion is the variable meant, the plugin's when the prefix is all but an
+    installed plugin's (both are installed by the README's test command): it was the
+    closest of Obleth's own, OBLETH_REDIS_URL for OBLETH_KV_PRESURE_HIGH."""
+    with pytest.raises(ConfigError, match=f"no such setting; did you mean {meant}\\?"):
+        Settings.from_env({written: "1"})
 
 
 @pytest.mark.parametrize(

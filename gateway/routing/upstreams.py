@@ -106,3 +106,10 @@ def parse_upstream(url: str, setting: str = "upstream") -> httpx.URL:
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         raise ConfigError(setting, url, f"port {parsed.port} is out of range (1-65535); {expected}")
     return parsed
+
+
+def server_of(url: httpx.URL | str) -> tuple[str, str, int | None, str]:
+    """What two spellings of one upstream base URL share: ``http://H:80`` and
+    ``http://h/`` are the same server (httpx lowers the host and drops a default port)."""
+    parsed = httpx.URL(url) if isinstance(url, str) else url
+    return parsed.scheme, parsed.host, parsed.port, parsed.path.rstrip("/")

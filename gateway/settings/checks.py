@@ -24,6 +24,7 @@ from gateway.routing.upstreams import (
     UpstreamSyntaxError,
     parse_upstream,
     parse_upstream_entry,
+    server_of,
 )
 from gateway.settings.parsers import SCORERS_EXPECTED, env_list, env_upstreams
 
@@ -273,6 +274,15 @@ def check_paths(settings: Settings, name: str, value: Any) -> tuple[str, ...]:
     for path in paths:
         if not path.startswith("/"):
             raise settings.error(name, value, f"{path!r} is not a path; paths start with '/'")
+        if any(c.isspace() for c in path) or "?" in path or "#" in path:
+            # a request's path is matched without its query; white space is most likely
+            # two paths written with a space between them
+            raise settings.error(
+                name,
+                value,
+                f"{path!r} is no path a request can have: separate paths with commas, and "
+                "leave out any query",
+            )
     normalised = tuple(path.rstrip("/") or "/" for path in paths)
     if len(set(normalised)) != len(normalised):
         raise settings.error(
@@ -293,9 +303,11 @@ def check_upstreams(settings: Settings, name: str, value: Any) -> tuple[Upstream
             upstream = parse_upstream_entry(entry)
         except UpstreamSyntaxError as exc:
             raise settings.error(name, entry, f"{exc}; {expected}") from None
-        parse_upstream(upstream.url, settings.label(name))
-        if any(known.url == upstream.url for known in upstreams):
-            raise settings.error(name, entry, f"{upstream.url} is listed twice")
+        server = server_of(parse_upstream(upstream.url, settings.label(name)))
+        twin = next((known for known in upstreams if server_of(known.url) == server), None)
+        if twin is not None:
+            said = upstream.url if twin.url == upstream.url else f"{upstream.url} ({twin.url})"
+            raise settings.error(name, entry, f"{said} is listed twice")
         upstreams.append(upstream)
     return tuple(upstreams)
 

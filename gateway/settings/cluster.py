@@ -6,6 +6,7 @@ Checks are called as those of ``checks.py`` are (see there).
 
 from __future__ import annotations
 
+import math
 import re
 import urllib.parse
 from typing import TYPE_CHECKING, Any
@@ -131,12 +132,36 @@ def _with_options(settings: Settings, name: str, value: str, shown: str) -> str:
     """``value``, once redis-py has read the options of its query (``db=``,
     ``socket_timeout=``, ...) as it will when it connects."""
     try:
-        redis.connection.parse_url(value)  # type: ignore[no-untyped-call]
+        options = redis.connection.parse_url(value)  # type: ignore[no-untyped-call]
     except ValueError as exc:
         raise settings.error(
             name, shown, f"{str(exc).rstrip('.')}; expected a URL like redis://redis:6379/0"
         ) from None
+    # what parses and still cannot connect: the pod would start, then admit nothing
+    if value.lower().startswith("unix") and not options.get("path"):
+        raise settings.error(
+            name, shown, "a unix socket URL names its socket: unix:///run/redis/redis.sock"
+        )
+    for option in _SECONDS_OPTIONS:
+        seconds = options.get(option)
+        if seconds is not None and not 0 < seconds < math.inf:
+            raise settings.error(name, shown, f"{option} must be a number of seconds above 0")
+    database = options.get("db")
+    if database is not None and not 0 <= int(database) <= _MAX_DATABASE:
+        raise settings.error(
+            name,
+            shown,
+            f"no Redis database is numbered {database}: they count from 0 up to the "
+            "server's `databases` setting (16 by default)",
+        )
     return value
+
+
+#: query options of a Redis URL that are times, in seconds
+_SECONDS_OPTIONS = ("socket_timeout", "socket_connect_timeout")
+
+#: the largest database number Redis can take (its index is a C int)
+_MAX_DATABASE = 2**31 - 1
 
 
 def shown_url(url: str) -> str:

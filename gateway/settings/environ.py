@@ -57,7 +57,8 @@ def read_environ(environ: Mapping[str, str], specs: Mapping[str, Spec]) -> dict[
                 owned = plugin_prefixes()
             if key.startswith(owned) and not _slip_of_a_setting(key, owned, specs):
                 continue  # the plugin's own setting: the plugin reads it
-            raise unknown_setting(key, text, [known.env for known in specs.values()])
+            known = [each.env for each in specs.values()]
+            raise unknown_setting(key, text, known, near=_plugin_slip(key, known, owned))
         if text.strip() or spec.parse in READS_BLANK:
             values[spec.name] = spec.parse(key, text)
     return values
@@ -81,14 +82,34 @@ def plugin_prefixes() -> tuple[str, ...]:
     return tuple(f"{ENV_PREFIX}{name.upper().replace('-', '_')}_" for name in sorted(names) if name)
 
 
-def unknown_setting(written: str, value: object, known: Sequence[str]) -> ConfigError:
+def _plugin_slip(key: str, known: Sequence[str], prefixes: tuple[str, ...]) -> str | None:
+    """What ``key`` stands for when its prefix is all but an installed plugin's
+    (``OBLETH_KV_PRESURE_HIGH`` for ``OBLETH_KV_PRESSURE_HIGH``), unless it is closer still
+    to one of Obleth's own ``known`` variables; else None."""
+    if difflib.get_close_matches(key, known, n=1, cutoff=0.9):
+        return None
+    best, best_ratio = None, 0.9
+    for prefix in prefixes:
+        for cut in range(len(prefix) - 2, len(prefix) + 3):
+            head = key[:cut]
+            ratio = difflib.SequenceMatcher(None, head, prefix).ratio()
+            if head != prefix and ratio >= best_ratio:
+                best, best_ratio = prefix + key[cut:], ratio
+    return best
+
+
+def unknown_setting(
+    written: str, value: object, known: Sequence[str], *, near: str | None = None
+) -> ConfigError:
     """The error for ``written=value`` when ``written`` is none of the ``known`` names (all
-    variables or all keywords, as the user wrote it), suggesting the closest one. The value
-    is hidden when it may be a secret: a misspelt ``OBLETH_ADMIN_TOKEN`` must not print
-    the token, nor a misspelt ``OBLETH_REDIS_URL`` its password."""
-    near = difflib.get_close_matches(written, known, n=1)
-    hint = f"did you mean {near[0]}? " if near else ""
-    if _SECRET.search(" ".join([written, *near])) or _has_password(value):
+    variables or all keywords, as the user wrote it), suggesting ``near`` or else the
+    closest known one. The value is hidden when it may be a secret: a misspelt
+    ``OBLETH_ADMIN_TOKEN`` must not print the token, nor a misspelt ``OBLETH_REDIS_URL``
+    its password."""
+    close = [near] if near is not None else difflib.get_close_matches(written, known, n=1)
+    near = close[0] if close else None
+    hint = f"did you mean {near}? " if near else ""
+    if _SECRET.search(" ".join([written, *close])) or _has_password(value):
         value = "<hidden>"
     return ConfigError(written, value, f"no such setting; {hint}known: {', '.join(known)}")
 

@@ -228,10 +228,17 @@ def test_an_unknown_scheme_is_refused_by_the_settings() -> None:
         ("redis:// bad host", "' bad host' is no host name or address"),
         ("redis://redis:6379/abc", "the path must be a database number"),
         ("redis://[::1:6379/0", r"not a URL that parses .* redis://\[::1\]:6379/0"),
+        # each parses, and the pod used to start, then admit nothing (failure mode local
+        # at 0 seats): no socket, a timeout of no time, no such database
+        ("unix://", "names its socket: unix:///run/redis/redis.sock"),
+        ("redis://redis:6379?socket_timeout=-1", "socket_timeout must be a number of seconds"),
+        ("redis://redis:6379?socket_connect_timeout=0", "socket_connect_timeout must be"),
+        ("redis://redis:6379/99999999999999999999", "no Redis database is numbered"),
     ],
 )
 def test_a_url_redis_could_not_use_is_refused_by_the_settings(url: str, complaint: str) -> None:
-    """Caught at startup with the setting named, not as a traceback from redis-py."""
+    """Caught at startup with the setting named, not as a traceback from redis-py, nor as
+    a pod that starts and cannot connect."""
     with pytest.raises(ConfigError, match=complaint) as caught:
         Settings.from_env({"OBLETH_REDIS_URL": url})
     assert caught.value.setting == "OBLETH_REDIS_URL"

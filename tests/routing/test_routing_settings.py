@@ -317,8 +317,22 @@ def test_bad_obleth_upstreams_names_the_variable(text: str) -> None:
 
 @pytest.mark.parametrize(
     "upstreams",
-    [[A, A], [A, f"{A}/"], [f"{A}=llama", f"{A}=qwen"], f"{B},{A},{B}"],
-    ids=["same", "trailing-slash", "different-models", "env-style-text"],
+    [
+        [A, A],
+        [A, f"{A}/"],
+        [f"{A}=llama", f"{A}=qwen"],
+        f"{B},{A},{B}",
+        ["http://vllm-x:80", "http://VLLM-X"],  # one server: the default port, any case
+        ["https://vllm-x/v1", "https://vllm-x:443/v1/"],
+    ],
+    ids=[
+        "same",
+        "trailing-slash",
+        "different-models",
+        "env-style-text",
+        "default-port-and-case",
+        "https-default-port",
+    ],
 )
 def test_an_upstream_listed_twice_is_refused(upstreams: Any) -> None:
     """The same base URL twice is a mistake (two entries for one server), named as such."""
