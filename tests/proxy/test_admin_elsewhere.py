@@ -20,6 +20,11 @@ pytestmark = pytest.mark.anyio
         ("GET", "/api/v1/openapi.json"),
         ("GET", "/dashboard"),
         ("GET", "/dashboard/app.js"),
+        # spellings a lenient router reads as the same path
+        ("GET", "//api/v1/capacity"),
+        ("PUT", "/api/v1//capacity"),
+        ("GET", "/api/v1/capacity;x"),
+        ("GET", "/api;v=1/v1/status"),
     ],
 )
 async def test_an_admin_path_on_the_gateway_port_is_answered_404_and_not_forwarded(
