@@ -5,16 +5,13 @@ for an app that answered nothing. A real server, a real WebSocket client."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
 
 from gateway import Gateway, Settings
 from gateway.admin import admin_app
 from gateway.loopback import serve_in_task
 from tests.admin.client import BEARER, TOKEN
+from tests.proxy.test_websocket import refused_handshake
 
 pytestmark = pytest.mark.anyio
 
@@ -23,13 +20,4 @@ pytestmark = pytest.mark.anyio
 async def test_a_websocket_handshake_is_refused_501_with_a_json_error(path: str) -> None:
     gateway = Gateway(Settings(admin_token=TOKEN), entry_points=False)
     async with serve_in_task(admin_app(gateway)) as server:
-        url = server.url.replace("http://", "ws://") + path
-        with pytest.raises(InvalidStatus) as refused:
-            async with connect(url, additional_headers=BEARER, open_timeout=5):
-                pytest.fail("the handshake was accepted")
-    answer = refused.value.response
-    assert answer.status_code == 501
-    assert answer.headers["content-type"] == "application/json"
-    error = json.loads(answer.body)["error"]
-    assert error["code"] == "websocket_not_supported"
-    assert "WebSocket" in error["message"] and error["type"] == "server_error"
+        await refused_handshake(server.url.replace("http://", "ws://") + path, BEARER)
