@@ -405,3 +405,27 @@ def test_middleware_raises_config_errors_when_built() -> None:
         patch.setenv("OBLETH_MAX_QUEUE", "-3")
         with pytest.raises(ConfigError, match="OBLETH_MAX_QUEUE=-3"):
             GatewayMiddleware(app)  # type: ignore[arg-type]
+
+
+def test_one_setting_set_by_two_spellings_of_its_variable_is_refused() -> None:
+    """Variables are read whatever their case: ``OBLETH_max_queue`` beside
+    ``OBLETH_MAX_QUEUE`` used to win or lose silently, by the environment's order. A
+    secret's value is not shown."""
+    with pytest.raises(ConfigError, match="OBLETH_MAX_QUEUE sets the same setting"):
+        Settings.from_env({"OBLETH_MAX_QUEUE": "5", "OBLETH_max_queue": "7"})
+    assert Settings.from_env({"OBLETH_max_queue": "7"}).max_queue == 7
+    token = "s3cret-0123456789abcdefXYZ"
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"OBLETH_ADMIN_TOKEN": token, "OBLETH_admin_token": token})
+    assert token not in str(caught.value)
+
+
+def test_a_message_about_another_setting_names_it_as_the_user_wrote_theirs() -> None:
+    """A check that points at a second setting names it by its variable when the setting
+    at fault came from the environment, by its keyword in code."""
+    with pytest.raises(ConfigError, match=r"or a longer OBLETH_LEASE_TTL_S$"):
+        Settings.from_env({"OBLETH_REDIS_RETRY_BUDGET_S": "10"})
+    with pytest.raises(ConfigError, match=r"or a longer lease_ttl_s$"):
+        Settings(redis_retry_budget_s=10)
+    with pytest.raises(ConfigError, match="set OBLETH_PRIORITY_HEADER to a header"):
+        Settings.from_env({"OBLETH_TENANT_HEADER": "x-priority"})

@@ -247,11 +247,12 @@ API_KEY_HEADERS = ("authorization", "x-api-key", "api-key")
 def check_priority_header(settings: Settings, name: str, value: Any) -> str:
     header = check_required_header(settings, name, value)
     if header == settings.tenant_header and not settings.chose(name):
+        label = settings.label(name, like="tenant_header")
         raise settings.error(
             "tenant_header",
             settings.tenant_header,
-            f"{header!r} is the priority header (priority_header's default); choose another "
-            "tenant header, e.g. x-tenant, or set priority_header to a header of its own",
+            f"{header!r} is the priority header ({label}'s default); choose another tenant "
+            f"header, e.g. x-tenant, or set {label} to a header of its own",
         )
     if header == settings.tenant_header or header in API_KEY_HEADERS:
         other = "x-priority" if header != "x-priority" else "x-request-priority"

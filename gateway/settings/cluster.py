@@ -38,13 +38,14 @@ def check_retry_budget(settings: Settings, name: str, value: Any) -> float:
     retrying a silent Redis for the budget must not have lost its leases meanwhile."""
     budget = check_seconds(settings, name, value)
     ttl = settings.lease_ttl_s
+    ttl_name = settings.label("lease_ttl_s", like=name)
     if ttl < 1.5 * budget and not settings.chose("lease_ttl_s"):
         raise settings.error(
             name,
             value,
-            f"a pod retrying Redis this long would lose its leases meanwhile (lease_ttl_s is "
+            f"a pod retrying Redis this long would lose its leases meanwhile ({ttl_name} is "
             f"{ttl:g} s); expected at most {ttl / 1.5:.3g} s (a TTL of 1.5 x the budget at "
-            "least), or a longer lease_ttl_s",
+            f"least), or a longer {ttl_name}",
         )
     if ttl < 1.5 * budget:
         raise settings.error(

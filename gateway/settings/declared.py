@@ -162,9 +162,12 @@ class Declared:
         """The settings read from ``OBLETH_*`` variables."""
         return frozenset(self.env_text)
 
-    def label(self, name: str) -> str:
-        """The setting as the user wrote it: the environment variable or the keyword."""
-        return ENV_PREFIX + name.upper() if name in self.env_names else name
+    def label(self, name: str, *, like: str | None = None) -> str:
+        """The setting as the user wrote it: the environment variable or the keyword. With
+        ``like``, a setting the user may not have written, named as ``like`` was (so
+        that a message about ``OBLETH_X`` says ``OBLETH_Y``, not ``y``)."""
+        from_env = name in self.env_names or (like is not None and like in self.env_names)
+        return ENV_PREFIX + name.upper() if from_env else name
 
     def chose(self, name: str) -> bool:
         """Whether the user set ``name``: read from the environment, or given a value other

@@ -45,11 +45,19 @@ def read_environ(environ: Mapping[str, str], specs: Mapping[str, Spec]) -> dict[
     blank a meaning of its own (``parsers.READS_BLANK``: None, such as "no time limit")
     reads it."""
     values: dict[str, Any] = {}
+    written: dict[str, str] = {}  # setting name: the variable that set it
     owned: tuple[str, ...] | None = None
     for key, text in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
         spec = specs.get(key[len(ENV_PREFIX) :].lower())
+        if spec is not None and written.setdefault(spec.name, key) != key:
+            shown = "<hidden>" if _SECRET.search(key) or _has_password(text) else text
+            raise ConfigError(
+                key,
+                shown,
+                f"{written[spec.name]} sets the same setting; set one of the two (as {spec.env})",
+            )
         if spec is None:
             if service_link(key, environ):
                 continue  # Kubernetes' own, for a Service named obleth...
