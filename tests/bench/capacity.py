@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import random
 import statistics
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from harness import HOST, code_version, free_port, machine, software
+from harness import HOST, code_version, free_port, machine, software, unwind_on_sigterm
 from proxy import Process
 
 BLOCK = 16
@@ -109,16 +110,19 @@ def start_gateway(backends: list[Process], limit: int, providers: str) -> Proces
         "OBLETH_UPSTREAM_POLL_INTERVAL_S": "0.25",
     }
     served = Process(argv, port, env=env)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://{HOST}:{port}/readyz", timeout=1).status_code == 200:
-                return served
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    served.stop()
-    raise RuntimeError("obleth serve did not become ready")
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://{HOST}:{port}/readyz", timeout=1).status_code == 200:
+                    return served
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("obleth serve did not become ready")
+    except BaseException:  # not ready, or the run stopped meanwhile: not left serving
+        served.stop()
+        raise
 
 
 @dataclass
@@ -235,10 +239,15 @@ def preemptions(backends: list[Process]) -> float:
 def measure(name: str, limit: int, providers: str, args: argparse.Namespace, rate: float) -> Run:
     if args.simulated:
         return simulated(name, limit, providers, args, rate)
-    backends = [start_backend() for _ in range(args.backends)]
-    gateway = None
-    try:
+    # each process is stopped on the way out however the run ends, a SIGTERM in the
+    # middle of stopping another included (an ExitStack runs every callback)
+    with contextlib.ExitStack() as started:
+        backends: list[Process] = []
+        for _ in range(args.backends):
+            backends.append(start_backend())
+            started.callback(backends[-1].stop)
         gateway = start_gateway(backends, limit, providers)
+        started.callback(gateway.stop)
         run = Run(name, limit)
         before = preemptions(backends)
         asyncio.run(
@@ -253,11 +262,6 @@ def measure(name: str, limit: int, providers: str, args: argparse.Namespace, rat
         )
         run.preemptions = preemptions(backends) - before
         return run
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        for backend in backends:
-            backend.stop()
 
 
 def simulated(name: str, limit: int, providers: str, args: argparse.Namespace, rate: float) -> Run:
@@ -329,6 +333,7 @@ def main() -> None:
         "--simulated", action="store_true", help="run in obleth simulate, not real processes"
     )
     args = parser.parse_args()
+    unwind_on_sigterm()  # a killed run stops the servers it started
     fits = args.backends * SEQS_PER_BACKEND
     rate = args.load * fleet_rate(args.backends)
     print(f"# {machine()}\n# {software()}\n# code {code_version()}")

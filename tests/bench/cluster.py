@@ -37,13 +37,11 @@ import json
 import math
 import os
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 from harness import (
@@ -59,6 +57,7 @@ from harness import (
     problems_of,
     servers,
     software,
+    unwind_on_sigterm,
     verdict,
 )
 
@@ -414,11 +413,6 @@ def report(
 # -- main -------------------------------------------------------------------------------------
 
 
-def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM unwinds like Ctrl-C, so every ``finally`` stops what it started."""
-    raise SystemExit(128 + signum)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="short runs, for a smoke test")
@@ -433,7 +427,7 @@ def main() -> int:
     args = parser.parse_args()
     plan = plan_from(args)
     command = shlex.join(["python", "tests/bench/cluster.py", *sys.argv[1:]])
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    unwind_on_sigterm()
     variants = dict(VARIANTS)
     if importlib.util.find_spec("slowapi") is None:
         print(SLOWAPI_MISSING, file=sys.stderr, flush=True)

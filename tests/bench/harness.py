@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -282,3 +284,13 @@ def software() -> str:
         f"(uvloop {installed('uvloop')}, httptools {installed('httptools')}), "
         f"starlette {installed('starlette')}"
     )
+
+
+def unwind_on_sigterm() -> None:
+    """Make SIGTERM unwind the benchmark as Ctrl-C does, so that every ``finally`` stops
+    the servers it started (killed outright, a run left them serving)."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)

@@ -73,6 +73,13 @@ class Process:
             argv, cwd=root, env=child_env(env, root=root), stdout=subprocess.DEVNULL
         )
         self.pid = self.process.pid
+        try:
+            self._wait_listening(argv, port)
+        except BaseException:  # not started, or the run stopped meanwhile: none left behind
+            self.stop()
+            raise
+
+    def _wait_listening(self, argv: list[str], port: int) -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
