@@ -207,9 +207,20 @@ def hold(inner: Iterable[bytes], passage: Passage, watch: ResponseWatch | None) 
 class Held:
     """The WSGI app's response iterable, holding the request's seats until the server
     closes it (PEP 3333 says it must); a response dropped unclosed gives them back when
-    it is collected. It has no length: ``SizedHeld`` wraps a response that has one."""
+    it is collected. A response that raised mid-stream holds them until then too: the
+    app's ``close()`` (a framework's teardown, an upstream stream being closed) still
+    runs on the request's seat. It has no length: ``SizedHeld`` wraps a response that
+    has one."""
 
-    __slots__ = ("__weakref__", "_ended", "_inner", "_iterator", "_passage", "_watch")
+    __slots__ = (
+        "__weakref__",
+        "_ended",
+        "_failure",
+        "_inner",
+        "_iterator",
+        "_passage",
+        "_watch",
+    )
 
     def __init__(
         self, inner: Iterable[bytes], passage: Passage, watch: ResponseWatch | None = None
@@ -218,6 +229,8 @@ class Held:
         self._iterator: Iterator[bytes] | None = None
         self._passage: Passage | None = passage
         self._ended = False
+        #: what the app raised while iterated, reported when the server closes the response
+        self._failure: BaseException | None = None
         #: reads the first byte's time and the usage, when the gateway follows either
         self._watch = watch
 
@@ -237,7 +250,8 @@ class Held:
                 watch.ended()
             raise
         except BaseException as exc:
-            self._end("failed", exc)
+            if self._failure is None:
+                self._failure = exc
             raise
         if self._watch is not None:
             self._watch.chunk(chunk)
@@ -251,7 +265,14 @@ class Held:
         except BaseException as exc:
             self._end("failed", exc)
             raise
-        self._end("completed" if self._ended else "cut")
+        self._end_as_iterated()
+
+    def _end_as_iterated(self) -> None:
+        failure, self._failure = self._failure, None  # no cycle through its traceback
+        if failure is not None:
+            self._end("failed", failure)
+        else:
+            self._end("completed" if self._ended else "cut")
 
     def _end(self, how: str, error: BaseException | None = None) -> None:
         passage, self._passage = self._passage, None
@@ -259,8 +280,9 @@ class Held:
             passage.finish(how, error)
 
     def __del__(self) -> None:
-        # a server that read the response to its end and dropped it unclosed: complete
-        self._end("completed" if self._ended else "cut")
+        # a server that dropped the response unclosed: complete when it read it to its
+        # end, failed when the app raised, cut otherwise
+        self._end_as_iterated()
 
 
 class SizedHeld(Held):

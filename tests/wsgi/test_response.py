@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import logging
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Sized
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -213,3 +214,69 @@ def test_a_response_read_past_close_ends_cleanly_with_a_token_budget_and_timing(
         b"data: [DONE]\n\n",
     ]
     cast(Any, response).close()
+
+
+class _FailsThenCloses:
+    """A response that raises after its first chunk, and whose ``close()`` (a framework's
+    teardown) runs until the test lets it end."""
+
+    def __init__(self, closing: threading.Event, closed: threading.Event) -> None:
+        self.chunks = 0
+        self.closing = closing
+        self.closed = closed
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        self.chunks += 1
+        if self.chunks == 1:
+            return b"first"
+        raise RuntimeError("the stream failed")
+
+    def close(self) -> None:
+        self.closing.set()
+        self.closed.wait(WAIT_S)
+
+
+def test_a_response_that_raised_mid_stream_holds_its_seat_until_closed(
+    pool: ThreadPoolExecutor,
+) -> None:
+    """The app's ``close()`` after a failure mid-stream still runs on the request's seat:
+    the next request waits for it. The seat used to come back when the exception was
+    raised, and a waiting request ran beside that ``close()``, over the limit."""
+    closing, closed, entered = threading.Event(), threading.Event(), threading.Event()
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        start_response("200 OK", [("content-type", "text/plain")])
+        if environ["PATH_INFO"] == "/fails":
+            return _FailsThenCloses(closing, closed)
+        entered.set()
+        return [b"ok"]
+
+    middleware = gated(app, global_max_in_flight=1)
+
+    def as_a_server() -> list[bytes]:  # iterate, then close whatever happened
+        response = middleware(environ_of("/fails"), ignore_head)
+        chunks: list[bytes] = []
+        try:
+            chunks.extend(response)
+        except RuntimeError:
+            pass
+        finally:
+            cast(Any, response).close()
+        return chunks
+
+    failing = pool.submit(as_a_server)
+    assert closing.wait(WAIT_S)
+    waiting = pool.submit(lambda: list(middleware(environ_of("/next"), ignore_head)))
+    wait_until(lambda: middleware.gateway.snapshot().queued == 1)
+    held = (middleware.gateway.snapshot().inflight, entered.is_set())
+    closed.set()
+    assert failing.result() == [b"first"]
+    assert waiting.result() == [b"ok"]
+    wait_until(lambda: middleware.gateway.snapshot().inflight == 0)
+    middleware.close()
+
+    assert held == (1, False)
+    assert outcomes(middleware) == {"error": 1, "completed": 1}
