@@ -56,8 +56,11 @@ def run(args: argparse.Namespace) -> int:
         return _fail("get takes no limit: obleth capacity get", status=2)
     # as the gateway reads it: a Secret mounted from a file ends with a newline, which
     # is no part of the token (and no header may carry it)
-    token = (args.token or os.environ.get(TOKEN_VARIABLE) or "").strip()
+    given = args.token if args.token is not None else os.environ.get(TOKEN_VARIABLE)
+    token = (given or "").strip()
     if not token:
+        if args.token is not None:  # given, and blank: not a reason to use the variable
+            return _fail("--token is blank: pass the admin token itself", status=2)
         return _fail(f"no admin token: pass --token or set {TOKEN_VARIABLE}", status=2)
     if not token.isascii() or not token.isprintable():
         return _fail(

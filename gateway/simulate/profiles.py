@@ -84,6 +84,9 @@ def from_file(path: str) -> Profile:
         data = json.loads(text.decode("utf-8"))
     except ValueError as exc:
         raise BadFlag("--profile", path, f"a JSON file ({exc})") from None
+    except RecursionError:  # a few hundred "[" are enough
+        nested = "a JSON file (it nests deeper than Python reads)"
+        raise BadFlag("--profile", path, nested) from None
     return _parse(data, path)
 
 

@@ -103,7 +103,10 @@ def parse_sweep(text: str) -> Sweep:
     most = MOST.get(name)
     if most is not None and max(values) > most:
         raise BadFlag("--sweep", text, f"values of {name} of at most {most}")
-    return Sweep(name, tuple(round(v, 9) for v in values))
+    rounded = tuple(round(v, 9) for v in values)
+    if not all(rounded):  # 1e-10 is above 0, and 0 once rounded
+        raise BadFlag("--sweep", text, "between 1 and 200 values, each at least 1e-9")
+    return Sweep(name, rounded)
 
 
 def parse_slo(text: str) -> dict[str, float]:

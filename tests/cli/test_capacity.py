@@ -85,6 +85,9 @@ def test_set_prints_the_limit_in_force_and_says_when_it_is_below_the_ceiling() -
         (("set", "-3"), TOKEN, 1, "422 max_in_flight: -3 is outside 0 to"),
         (("get",), "wrong-token-0123456789", 1, "401 a valid admin token is required"),
         (("get",), None, 2, "no admin token"),
+        # given and blank, it is no reason to fall back on the variable, nor to say none is set
+        (("get", "--token", "  "), TOKEN, 2, "--token is blank"),
+        (("get", "--token", ""), TOKEN, 2, "--token is blank"),
         (("set",), TOKEN, 2, "set needs the new limit"),
         (("get",), "ü-token-0123456789", 2, "printable ASCII"),
     ],

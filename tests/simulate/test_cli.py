@@ -113,6 +113,12 @@ def unknown_engine_key(tmp_path: Path) -> str:
     return str(path)
 
 
+def nested_too_deep(tmp_path: Path) -> str:
+    path = tmp_path / "deep.json"
+    path.write_text('{"model": "m", "about": ' + "[" * 30_000 + "]" * 30_000 + ', "engine": {}}')
+    return str(path)
+
+
 def endless_step(tmp_path: Path) -> str:
     """A step of 1e17 s: the virtual clock plus a 0.25 s polling interval stays put."""
     path = tmp_path / "slow.json"
@@ -149,6 +155,8 @@ BAD_FLAGS: list[tuple[str, Any, list[str]]] = [
     ("--sweep", "rate=1..inf", ["between 1 and 200 values"]),
     ("--sweep", "num-instances=1..1000000000", ["between 1 and 200 values"]),
     ("--sweep", "rate=1..10:1e-300", ["between 1 and 200 values"]),
+    # above 0, and 0 once the sweep's values are rounded: this ended in ZeroDivisionError
+    ("--sweep", "rate=1e-10", ["each at least 1e-9"]),
     ("--num-instances", "20000", ["at most 10000"]),
     ("--num-requests", "2000000", ["at most 1000000"]),
     ("--sweep", "num-instances=1,20000", ["at most 10000"]),
@@ -169,6 +177,8 @@ BAD_FLAGS: list[tuple[str, Any, list[str]]] = [
     ("--tenants", "a\nb:1", ["name:share"]),
     # this used to spin for good
     ("--profile", endless_step, ["step_s", "from 0 to 60"]),
+    # under 64 KiB, nested past the JSON parser: this ended in RecursionError
+    ("--profile", nested_too_deep, ["nests deeper than Python reads"]),
     # which one was meant? these used to keep the last without a word
     ("--slo", "ttft_p99_ms=1,ttft_p99_ms=100000", ["ttft_p99_ms is given twice"]),
     ("--fitness-weights", "p99_ttft:1,p99_ttft:5", ["p99_ttft is given twice"]),
