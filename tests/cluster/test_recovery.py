@@ -123,9 +123,13 @@ def test_a_pod_frozen_past_its_ttl_runs_no_stale_grant_and_never_answers_evicted
     sim.reset()
     with Pods(3, sim.url, env=env(redis_server.url, pool_name), log_dir=logs) as pods:
         frozen = pods[0]
-        # requests of 0.4 s, shorter than a TTL: the seats the frozen pod ran are back
-        # at the backend before its leases expire, so any excess would be a stale grant
-        long = {"max_tokens": 200, "deadline_s": 30.0, "request_timeout_s": 20.0}
+        # requests of 0.2 s, well under a TTL: the seats the frozen pod ran are back at
+        # the backend before its leases expire (a lease outlives the last heartbeat by
+        # 0.67 s at least), so any excess would be a stale grant. At 0.4 s (200 tokens),
+        # a busy two-core machine once stretched them past that: 12 at the backend, the
+        # six still running for the frozen pod and six granted to the others, as leases
+        # allow (docs/cluster.md)
+        long = {"max_tokens": 100, "deadline_s": 30.0, "request_timeout_s": 20.0}
         on_frozen = background(drive(pods.urls[:1], requests=40, concurrency=12, **long))  # type: ignore[arg-type]
         others = background(drive(pods.urls[1:], requests=80, concurrency=24, **long))  # type: ignore[arg-type]
         wait_for(lambda: sum(s["queued"] for s in pods.stats()) > 12, 10, "waiters queued")
